@@ -1,0 +1,240 @@
+//! The inbound side: qos, peek-lock consume, and settlement.
+//!
+//! Deliveries become [`Envelope`]s with a [`Receipt`]. Receipts are settled
+//! through one task per channel that keeps delivery order: every ack it
+//! sends covers only settled messages, a run of settled messages at the head
+//! goes out as one `multiple` ack, and a slow message never holds back the
+//! acks of the messages behind it. A receipt dropped unsettled requeues its
+//! message, so nothing leaks a prefetch slot.
+
+use super::FieldTable;
+use super::connector::Connector;
+use crate::config::Settings;
+use crate::envelope::Envelope;
+use futures_util::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
+};
+use lapin::{Channel, Consumer};
+use std::collections::BTreeMap;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A consuming channel with its settle task.
+pub struct InboundSession {
+    channel: Channel,
+    consumer: Consumer,
+    consumer_tag: String,
+    settle: mpsc::UnboundedSender<Settle>,
+    settler: JoinHandle<()>,
+}
+
+enum Settle {
+    Track(u64),
+    Ack(u64),
+    Reject { tag: u64, requeue: bool },
+}
+
+/// The right to settle one inbound message, exactly once.
+pub struct Receipt {
+    tag: u64,
+    settle: Option<mpsc::UnboundedSender<Settle>>,
+}
+
+impl Receipt {
+    /// Acknowledge: the message is done.
+    pub fn ack(mut self) {
+        if let Some(settle) = self.settle.take() {
+            let _ = settle.send(Settle::Ack(self.tag));
+        }
+    }
+
+    /// `basic.nack`: dead-letter it through the queue's DLX (`requeue =
+    /// false`) or hand it back to the queue (`requeue = true`).
+    pub fn reject(mut self, requeue: bool) {
+        if let Some(settle) = self.settle.take() {
+            let _ = settle.send(Settle::Reject {
+                tag: self.tag,
+                requeue,
+            });
+        }
+    }
+}
+
+impl Drop for Receipt {
+    fn drop(&mut self) {
+        if let Some(settle) = self.settle.take() {
+            let _ = settle.send(Settle::Reject {
+                tag: self.tag,
+                requeue: true,
+            });
+        }
+    }
+}
+
+/// Opens a consuming channel on `connector`: qos, then `basic.consume` with
+/// manual acks.
+pub async fn open_inbound(
+    connector: &Connector,
+    settings: &Settings,
+) -> Result<InboundSession, String> {
+    let channel = connector.channel(false, OPEN_TIMEOUT).await?;
+    let consumer_tag = format!("{}-{}", settings.name, uuid::Uuid::new_v4().simple());
+    let start = async {
+        channel
+            .basic_qos(settings.inbound.prefetch, BasicQosOptions { global: false })
+            .await?;
+        channel
+            .basic_consume(
+                settings.inbound.queue.as_str().into(),
+                consumer_tag.as_str().into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+    };
+    let consumer = match tokio::time::timeout(OPEN_TIMEOUT, start).await {
+        Ok(Ok(consumer)) => consumer,
+        Ok(Err(e)) => {
+            return Err(format!(
+                "cannot consume from \"{}\": {e}",
+                settings.inbound.queue
+            ));
+        }
+        Err(_) => return Err("no answer to basic.consume".to_owned()),
+    };
+    let (settle, rx) = mpsc::unbounded_channel();
+    let settler = tokio::spawn(settle_loop(channel.clone(), rx));
+    Ok(InboundSession {
+        channel,
+        consumer,
+        consumer_tag,
+        settle,
+        settler,
+    })
+}
+
+impl InboundSession {
+    /// The next delivery. `None` when the consumer ended (channel or
+    /// connection lost, or cancelled); the caller reopens.
+    pub async fn next(&mut self) -> Option<Result<(Envelope, Receipt), String>> {
+        let delivery = match self.consumer.next().await? {
+            Ok(delivery) => delivery,
+            Err(e) => return Some(Err(e.to_string())),
+        };
+        let tag = delivery.delivery_tag;
+        let _ = self.settle.send(Settle::Track(tag));
+        let envelope = Envelope {
+            delivery_tag: tag,
+            exchange: delivery.exchange.to_string(),
+            routing_key: delivery.routing_key.to_string(),
+            redelivered: delivery.redelivered,
+            properties: delivery.properties,
+            body: delivery.data,
+        };
+        let receipt = Receipt {
+            tag,
+            settle: Some(self.settle.clone()),
+        };
+        Some(Ok((envelope, receipt)))
+    }
+
+    /// Stops the broker from sending more (`basic.cancel`). Deliveries
+    /// already buffered are never handed out and go back to the queue when
+    /// the channel closes.
+    pub async fn stop_consuming(&self) {
+        let cancel = self.channel.basic_cancel(
+            self.consumer_tag.as_str().into(),
+            BasicCancelOptions::default(),
+        );
+        let _ = tokio::time::timeout(Duration::from_secs(5), cancel).await;
+    }
+
+    /// Sends every pending settlement, then closes the channel; the broker
+    /// requeues whatever is still unacked.
+    pub async fn close(self) {
+        drop(self.settle);
+        drop(self.consumer);
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.settler).await;
+        if self.channel.status().connected() {
+            let _ = tokio::time::timeout(
+                Duration::from_secs(5),
+                self.channel.close(200, "switchyard: shutdown".into()),
+            )
+            .await;
+        }
+    }
+}
+
+/// Applies settlements in delivery order. Ends when every receipt and the
+/// session are gone.
+async fn settle_loop(channel: Channel, mut rx: mpsc::UnboundedReceiver<Settle>) {
+    // Delivered and not yet acked or rejected: tag -> ready to ack.
+    let mut outstanding: BTreeMap<u64, bool> = BTreeMap::new();
+    let mut failed = false;
+    let mut batch = Vec::new();
+    while rx.recv_many(&mut batch, 4096).await > 0 {
+        for settle in batch.drain(..) {
+            match settle {
+                Settle::Track(tag) => {
+                    outstanding.insert(tag, false);
+                }
+                Settle::Ack(tag) => {
+                    if let Some(ready) = outstanding.get_mut(&tag) {
+                        *ready = true;
+                    }
+                }
+                Settle::Reject { tag, requeue } => {
+                    outstanding.remove(&tag);
+                    let options = BasicNackOptions {
+                        multiple: false,
+                        requeue,
+                    };
+                    report(&mut failed, channel.basic_nack(tag, options).await);
+                }
+            }
+        }
+        let head = outstanding
+            .iter()
+            .take_while(|(_, ready)| **ready)
+            .map(|(tag, _)| *tag)
+            .last();
+        if let Some(last) = head {
+            outstanding.retain(|tag, _| *tag > last);
+            report(
+                &mut failed,
+                channel
+                    .basic_ack(last, BasicAckOptions { multiple: true })
+                    .await,
+            );
+        }
+        let behind: Vec<u64> = outstanding
+            .iter()
+            .filter(|(_, ready)| **ready)
+            .map(|(tag, _)| *tag)
+            .collect();
+        for tag in behind {
+            outstanding.remove(&tag);
+            report(
+                &mut failed,
+                channel
+                    .basic_ack(tag, BasicAckOptions { multiple: false })
+                    .await,
+            );
+        }
+    }
+}
+
+/// Logs the first settlement that could not be sent; the broker redelivers
+/// every unacked message of a dead channel, so there is nothing else to do.
+fn report(failed: &mut bool, result: lapin::Result<()>) {
+    if let Err(e) = result
+        && !*failed
+    {
+        *failed = true;
+        tracing::warn!(error = %e, "inbound channel lost; unacked messages will be redelivered by the broker");
+    }
+}

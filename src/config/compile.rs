@@ -1,0 +1,523 @@
+//! [`compile`]: raw configuration → [`Settings`], or the first invalid key.
+
+use super::error::InvalidKey;
+use super::raw::{RawConfig, RawFilter, RawFilterEntry};
+use super::{BrokerSpec, DeadLetter, DeadLetterMode, Endpoint, Inbound, Settings};
+use crate::broker::validate_uri;
+use crate::routing::{Branch, Filter, Property, RoutingTable, Strategy, TopicPattern, ValueTest};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+type Result<T> = std::result::Result<T, InvalidKey>;
+
+/// Validates `raw` and resolves every name in it.
+pub fn compile(raw: &RawConfig) -> Result<Settings> {
+    if raw.name.trim().is_empty() {
+        return Err(InvalidKey::new("name", "must not be empty"));
+    }
+    let brokers = compile_brokers(raw)?;
+    let known_broker = |key: &str, name: &str| -> Result<()> {
+        if brokers.contains_key(name) {
+            Ok(())
+        } else {
+            Err(InvalidKey::new(
+                key,
+                format!("unknown broker \"{name}\" (defined: {})", names(&brokers)),
+            ))
+        }
+    };
+
+    known_broker("inbound.broker", &raw.inbound.broker)?;
+    if raw.inbound.queue.is_empty() {
+        return Err(InvalidKey::new("inbound.queue", "must not be empty"));
+    }
+    let prefetch = u16::try_from(raw.inbound.prefetch)
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| InvalidKey::new("inbound.prefetch", "must be between 1 and 65535"))?;
+
+    let dead_letter = compile_dead_letter(raw)?;
+
+    let mut endpoints = BTreeMap::new();
+    for (name, e) in &raw.endpoints {
+        let key = |k: &str| format!("endpoints.{name}.{k}");
+        known_broker(&key("broker"), &e.broker)?;
+        if e.confirm_timeout_ms == 0 {
+            return Err(InvalidKey::new(
+                key("confirm_timeout_ms"),
+                "must be greater than 0",
+            ));
+        }
+        if e.exchange.is_empty() && e.routing_key.is_empty() {
+            return Err(InvalidKey::new(
+                key("routing_key"),
+                "must name the destination queue when exchange is the default exchange (\"\")",
+            ));
+        }
+        endpoints.insert(
+            name.clone(),
+            Arc::new(Endpoint {
+                name: name.clone(),
+                broker: e.broker.clone(),
+                exchange: e.exchange.clone(),
+                routing_key: e.routing_key.clone(),
+                declare_queue: e.declare_queue.clone(),
+                confirm_timeout: Duration::from_millis(e.confirm_timeout_ms),
+                retries: e.retries,
+                headers: e.headers.clone().into_iter().collect(),
+            }),
+        );
+    }
+
+    for (list, members) in &raw.backup_lists {
+        if members.is_empty() {
+            return Err(InvalidKey::new(
+                format!("backup_lists.{list}"),
+                "is empty; list at least one endpoint or remove it",
+            ));
+        }
+        for (i, member) in members.iter().enumerate() {
+            if !endpoints.contains_key(member) {
+                return Err(InvalidKey::new(
+                    format!("backup_lists.{list}[{i}]"),
+                    format!(
+                        "unknown endpoint \"{member}\" (defined: {})",
+                        names(&endpoints)
+                    ),
+                ));
+            }
+        }
+    }
+
+    let mut filters = FilterCompiler::new(&raw.filters);
+    for name in raw.filters.keys() {
+        filters.compile(name)?;
+    }
+
+    if raw.filter_table.is_empty() {
+        return Err(InvalidKey::new(
+            "filter_table",
+            "has no entries; add at least one [[filter_table]]",
+        ));
+    }
+    let mut branches = Vec::new();
+    let mut seen_names = HashSet::new();
+    for (i, entry) in raw.filter_table.iter().enumerate() {
+        let branch = compile_entry(i, entry, raw, &endpoints, &mut filters)?;
+        if !seen_names.insert(branch.name().to_owned()) {
+            return Err(InvalidKey::new(
+                format!("filter_table[{i}].name"),
+                format!(
+                    "branch name \"{}\" is used twice; names must be unique",
+                    branch.name()
+                ),
+            ));
+        }
+        branches.push(branch);
+    }
+
+    if raw.sessions.enabled {
+        return Err(InvalidKey::new(
+            "sessions.enabled",
+            "sessionful forwarding is not available in this version; set it to false",
+        ));
+    }
+    let admin_listen = match &raw.admin.listen {
+        None => None,
+        Some(addr) => Some(addr.parse().map_err(|_| {
+            InvalidKey::new(
+                "admin.listen",
+                format!("\"{addr}\" is not a host:port address"),
+            )
+        })?),
+    };
+
+    Ok(Settings {
+        name: raw.name.clone(),
+        shutdown_timeout: Duration::from_millis(raw.shutdown_timeout_ms),
+        inbound: Inbound {
+            broker: raw.inbound.broker.clone(),
+            queue: raw.inbound.queue.clone(),
+            prefetch,
+            declare: raw.inbound.declare,
+            single_active_consumer: raw.inbound.single_active_consumer,
+        },
+        dead_letter,
+        brokers,
+        endpoints,
+        routing: Arc::new(RoutingTable::new(branches)),
+        admin_listen,
+    })
+}
+
+fn compile_brokers(raw: &RawConfig) -> Result<BTreeMap<String, Arc<BrokerSpec>>> {
+    if raw.brokers.is_empty() {
+        return Err(InvalidKey::new(
+            "brokers",
+            "no broker defined; add a [brokers.NAME] with a uri",
+        ));
+    }
+    raw.brokers
+        .iter()
+        .map(|(name, b)| {
+            validate_uri(&b.uri)
+                .map_err(|why| InvalidKey::new(format!("brokers.{name}.uri"), why))?;
+            Ok((name.clone(), Arc::new(BrokerSpec::new(name, &b.uri))))
+        })
+        .collect()
+}
+
+fn compile_dead_letter(raw: &RawConfig) -> Result<DeadLetter> {
+    let d = &raw.dead_letter;
+    let mode = match d.mode.as_str() {
+        "nack" => DeadLetterMode::Nack,
+        "republish" => DeadLetterMode::Republish,
+        other => {
+            return Err(InvalidKey::new(
+                "dead_letter.mode",
+                format!("unknown mode \"{other}\" (expected \"nack\" or \"republish\")"),
+            ));
+        }
+    };
+    if d.exchange.is_empty() && d.routing_key.is_empty() {
+        return Err(InvalidKey::new(
+            "dead_letter.routing_key",
+            "must name the dead-letter queue when exchange is the default exchange (\"\")",
+        ));
+    }
+    if d.queue.as_deref() == Some("") {
+        return Err(InvalidKey::new(
+            "dead_letter.queue",
+            "must not be empty; omit it instead",
+        ));
+    }
+    if d.queue.is_some() && d.exchange.is_empty() {
+        return Err(InvalidKey::new(
+            "dead_letter.queue",
+            "cannot be bound to the default exchange; name a dead_letter.exchange",
+        ));
+    }
+    Ok(DeadLetter {
+        mode,
+        exchange: d.exchange.clone(),
+        routing_key: d.routing_key.clone(),
+        queue: d.queue.clone(),
+    })
+}
+
+fn compile_entry(
+    i: usize,
+    entry: &RawFilterEntry,
+    raw: &RawConfig,
+    endpoints: &BTreeMap<String, Arc<Endpoint>>,
+    filters: &mut FilterCompiler<'_>,
+) -> Result<Branch> {
+    let key = |k: &str| format!("filter_table[{i}].{k}");
+    if !raw.filters.contains_key(&entry.filter) {
+        return Err(InvalidKey::new(
+            key("filter"),
+            format!(
+                "unknown filter \"{}\" (defined: {})",
+                entry.filter,
+                names(&raw.filters)
+            ),
+        ));
+    }
+    let filter = filters.compile(&entry.filter)?;
+    let first = endpoints.get(&entry.endpoint).ok_or_else(|| {
+        InvalidKey::new(
+            key("endpoint"),
+            format!(
+                "unknown endpoint \"{}\" (defined: {})",
+                entry.endpoint,
+                names(endpoints)
+            ),
+        )
+    })?;
+    let mut list = vec![first.clone()];
+    if let Some(backup) = &entry.backup_list {
+        let members = raw.backup_lists.get(backup).ok_or_else(|| {
+            InvalidKey::new(
+                key("backup_list"),
+                format!(
+                    "unknown backup list \"{backup}\" (defined: {})",
+                    names(&raw.backup_lists)
+                ),
+            )
+        })?;
+        // Members were checked against `endpoints` above.
+        list.extend(members.iter().filter_map(|m| endpoints.get(m).cloned()));
+    }
+    let mut seen = HashSet::new();
+    if let Some(dup) = list.iter().find(|e| !seen.insert(e.name.clone())) {
+        return Err(InvalidKey::new(
+            key("backup_list"),
+            format!(
+                "endpoint \"{}\" appears twice in this branch's list",
+                dup.name
+            ),
+        ));
+    }
+    let strategy = match entry.strategy.as_str() {
+        "failover" => Strategy::Failover,
+        "round_robin" => Strategy::RoundRobin,
+        other => {
+            return Err(InvalidKey::new(
+                key("strategy"),
+                format!("unknown strategy \"{other}\" (expected \"failover\" or \"round_robin\")"),
+            ));
+        }
+    };
+    let name = match &entry.name {
+        Some(n) if n.trim().is_empty() => {
+            return Err(InvalidKey::new(
+                key("name"),
+                "must not be empty; omit it for the default",
+            ));
+        }
+        Some(n) => n.clone(),
+        None => format!("{}->{}", entry.filter, entry.endpoint),
+    };
+    Ok(Branch::new(
+        name,
+        entry.filter.clone(),
+        filter,
+        entry.priority,
+        list,
+        strategy,
+    ))
+}
+
+/// Compiles named filters, resolving references and rejecting cycles.
+struct FilterCompiler<'a> {
+    raw: &'a BTreeMap<String, RawFilter>,
+    done: HashMap<String, Arc<Filter>>,
+    in_progress: Vec<String>,
+}
+
+impl<'a> FilterCompiler<'a> {
+    fn new(raw: &'a BTreeMap<String, RawFilter>) -> Self {
+        Self {
+            raw,
+            done: HashMap::new(),
+            in_progress: Vec::new(),
+        }
+    }
+
+    fn compile(&mut self, name: &str) -> Result<Arc<Filter>> {
+        if let Some(f) = self.done.get(name) {
+            return Ok(f.clone());
+        }
+        if self.in_progress.iter().any(|n| n == name) {
+            let mut cycle = self.in_progress.clone();
+            cycle.push(name.to_owned());
+            return Err(InvalidKey::new(
+                format!("filters.{name}"),
+                format!(
+                    "filters refer to each other in a cycle: {}",
+                    cycle.join(" -> ")
+                ),
+            ));
+        }
+        let raw = self.raw.get(name).ok_or_else(|| {
+            InvalidKey::new(
+                format!("filters.{name}"),
+                format!("unknown filter (defined: {})", names(self.raw)),
+            )
+        })?;
+        self.in_progress.push(name.to_owned());
+        let compiled = self.compile_one(name, raw);
+        self.in_progress.pop();
+        let compiled = Arc::new(compiled?);
+        self.done.insert(name.to_owned(), compiled.clone());
+        Ok(compiled)
+    }
+
+    fn compile_one(&mut self, name: &str, f: &RawFilter) -> Result<Filter> {
+        let key = |k: &str| format!("filters.{name}.{k}");
+        let allowed: &[&str] = match f.kind.as_str() {
+            "match_all" => &[],
+            "header" => &["header", "equals", "exists", "regex", "in"],
+            "property" => &["property", "equals", "regex", "in"],
+            "routing_key" => &["pattern"],
+            "and" | "or" => &["filters"],
+            "not" => &["filter"],
+            "json" | "xpath" => {
+                return Err(InvalidKey::new(
+                    key("type"),
+                    format!(
+                        "filter type \"{}\" is not available in this version",
+                        f.kind
+                    ),
+                ));
+            }
+            other => {
+                return Err(InvalidKey::new(
+                    key("type"),
+                    format!(
+                        "unknown filter type \"{other}\" (expected match_all, header, property, routing_key, and, or, not)"
+                    ),
+                ));
+            }
+        };
+        if let Some(extra) = present_keys(f).into_iter().find(|k| !allowed.contains(k)) {
+            return Err(InvalidKey::new(
+                key(extra),
+                format!("does not apply to a \"{}\" filter", f.kind),
+            ));
+        }
+        Ok(match f.kind.as_str() {
+            "match_all" => Filter::MatchAll,
+            "header" => Filter::Header {
+                name: required(&f.header, &key("header"))?.clone(),
+                test: value_test(f, name, true)?,
+            },
+            "property" => {
+                let prop = required(&f.property, &key("property"))?;
+                let property = Property::from_name(prop).ok_or_else(|| {
+                    InvalidKey::new(
+                        key("property"),
+                        format!(
+                            "unknown property \"{prop}\" (expected one of {})",
+                            Property::NAMES.join(", ")
+                        ),
+                    )
+                })?;
+                Filter::Property {
+                    property,
+                    test: value_test(f, name, false)?,
+                }
+            }
+            "routing_key" => {
+                Filter::RoutingKey(TopicPattern::parse(required(&f.pattern, &key("pattern"))?))
+            }
+            "not" => Filter::Not(self.compile_ref(
+                name,
+                "filter",
+                required(&f.filter, &key("filter"))?,
+            )?),
+            kind => {
+                let members = required(&f.filters, &key("filters"))?;
+                if members.is_empty() {
+                    return Err(InvalidKey::new(
+                        key("filters"),
+                        "must name at least one filter",
+                    ));
+                }
+                let compiled = members
+                    .iter()
+                    .map(|m| self.compile_ref(name, "filters", m))
+                    .collect::<Result<Vec<_>>>()?;
+                if kind == "and" {
+                    Filter::And(compiled)
+                } else {
+                    Filter::Or(compiled)
+                }
+            }
+        })
+    }
+
+    fn compile_ref(&mut self, from: &str, field: &str, to: &str) -> Result<Arc<Filter>> {
+        if !self.raw.contains_key(to) {
+            return Err(InvalidKey::new(
+                format!("filters.{from}.{field}"),
+                format!("unknown filter \"{to}\" (defined: {})", names(self.raw)),
+            ));
+        }
+        self.compile(to)
+    }
+}
+
+fn present_keys(f: &RawFilter) -> Vec<&'static str> {
+    let checks = [
+        ("header", f.header.is_some()),
+        ("property", f.property.is_some()),
+        ("pattern", f.pattern.is_some()),
+        ("pointer", f.pointer.is_some()),
+        ("expression", f.expression.is_some()),
+        ("namespaces", f.namespaces.is_some()),
+        ("equals", f.equals.is_some()),
+        ("exists", f.exists.is_some()),
+        ("regex", f.regex.is_some()),
+        ("in", f.one_of.is_some()),
+        ("filters", f.filters.is_some()),
+        ("filter", f.filter.is_some()),
+    ];
+    checks
+        .iter()
+        .filter(|(_, present)| *present)
+        .map(|(k, _)| *k)
+        .collect()
+}
+
+fn value_test(f: &RawFilter, name: &str, exists_allowed: bool) -> Result<ValueTest> {
+    let key = |k: &str| format!("filters.{name}.{k}");
+    let mut tests = Vec::new();
+    if let Some(v) = &f.equals {
+        tests.push(ValueTest::Equals(v.as_text()));
+    }
+    if let Some(exists) = f.exists {
+        if !exists {
+            return Err(InvalidKey::new(
+                key("exists"),
+                "only `exists = true` is supported; wrap the filter in a \"not\" filter",
+            ));
+        }
+        if exists_allowed {
+            tests.push(ValueTest::Exists);
+        }
+    }
+    if let Some(pattern) = &f.regex {
+        let re = regex::Regex::new(pattern).map_err(|e| {
+            InvalidKey::new(
+                key("regex"),
+                format!("invalid regular expression: {}", first_line(&e.to_string())),
+            )
+        })?;
+        tests.push(ValueTest::Regex(re));
+    }
+    if let Some(options) = &f.one_of {
+        if options.is_empty() {
+            return Err(InvalidKey::new(key("in"), "must list at least one value"));
+        }
+        tests.push(ValueTest::In(options.iter().map(|v| v.as_text()).collect()));
+    }
+    let expected = if exists_allowed {
+        "one of equals, exists, regex, in"
+    } else {
+        "one of equals, regex, in"
+    };
+    match tests.len() {
+        1 => Ok(tests.remove(0)),
+        0 => Err(InvalidKey::new(
+            format!("filters.{name}"),
+            format!("needs {expected}"),
+        )),
+        _ => Err(InvalidKey::new(
+            format!("filters.{name}"),
+            format!("takes only {expected}, not several"),
+        )),
+    }
+}
+
+fn required<'v, T>(value: &'v Option<T>, key: &str) -> Result<&'v T> {
+    value
+        .as_ref()
+        .ok_or_else(|| InvalidKey::new(key, "is required"))
+}
+
+fn names<V>(map: &BTreeMap<String, V>) -> String {
+    if map.is_empty() {
+        "none".to_owned()
+    } else {
+        map.keys()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+fn first_line(text: &str) -> String {
+    text.lines().last().unwrap_or(text).trim().to_owned()
+}

@@ -1,0 +1,139 @@
+//! Configuration in two layers: [`raw`] is the TOML file as written (serde,
+//! unknown keys rejected); [`compile`] resolves every name and produces
+//! [`Settings`], which cannot be invalid: every reference resolved, every
+//! endpoint list non-empty, every filter compiled.
+
+mod compile;
+mod error;
+mod load;
+pub mod raw;
+
+pub use compile::compile;
+pub use error::{ConfigError, InvalidKey};
+pub use load::{CONFIG_ENV, DEFAULT_CONFIG_PATH, config_path, load, load_str};
+
+use crate::broker::redact_uri;
+use crate::routing::RoutingTable;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Instance name; prefixes AMQP connection names.
+    pub name: String,
+    /// Bound on draining in-flight transactions at shutdown.
+    pub shutdown_timeout: Duration,
+    /// The inbound queue.
+    pub inbound: Inbound,
+    /// Where failed messages go.
+    pub dead_letter: DeadLetter,
+    /// Brokers by name.
+    pub brokers: BTreeMap<String, Arc<BrokerSpec>>,
+    /// Endpoints by name.
+    pub endpoints: BTreeMap<String, Arc<Endpoint>>,
+    /// The compiled filter table.
+    pub routing: Arc<RoutingTable>,
+    /// Admin listener address, if enabled.
+    pub admin_listen: Option<SocketAddr>,
+}
+
+/// The inbound queue.
+#[derive(Debug, Clone)]
+pub struct Inbound {
+    /// Broker name.
+    pub broker: String,
+    /// Queue name.
+    pub queue: String,
+    /// `basic.qos` prefetch.
+    pub prefetch: u16,
+    /// Declare the queue with its dead-letter arguments.
+    pub declare: bool,
+    /// Declare it with `x-single-active-consumer`.
+    pub single_active_consumer: bool,
+}
+
+/// How a message is dead-lettered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeadLetterMode {
+    /// `basic.nack(requeue=false)`; the broker routes it through the queue's DLX.
+    Nack,
+    /// Publish an annotated copy with a confirm, then ack.
+    Republish,
+}
+
+/// The dead-letter destination.
+#[derive(Debug, Clone)]
+pub struct DeadLetter {
+    /// Mode.
+    pub mode: DeadLetterMode,
+    /// Dead-letter exchange.
+    pub exchange: String,
+    /// Dead-letter routing key.
+    pub routing_key: String,
+    /// Dead-letter queue to declare and bind, if any.
+    pub queue: Option<String>,
+}
+
+/// A broker connection target.
+#[derive(Clone)]
+pub struct BrokerSpec {
+    /// Its name in `[brokers]`.
+    pub name: String,
+    uri: String,
+}
+
+impl BrokerSpec {
+    /// A broker; `uri` was validated by [`compile`].
+    pub fn new(name: impl Into<String>, uri: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            uri: uri.into(),
+        }
+    }
+
+    /// The URI with credentials, for connecting only. Never log it.
+    pub fn secret_uri(&self) -> &str {
+        &self.uri
+    }
+
+    /// The URI with its password masked, safe for logs.
+    pub fn redacted_uri(&self) -> String {
+        redact_uri(&self.uri)
+    }
+}
+
+impl std::fmt::Debug for BrokerSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BrokerSpec")
+            .field("name", &self.name)
+            .field("uri", &self.redacted_uri())
+            .finish()
+    }
+}
+
+/// A publish destination.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    /// Its name in `[endpoints]`.
+    pub name: String,
+    /// Broker name.
+    pub broker: String,
+    /// Exchange (`""` is the default exchange).
+    pub exchange: String,
+    /// Routing key.
+    pub routing_key: String,
+    /// Durable queue to declare at startup.
+    pub declare_queue: Option<String>,
+    /// How long to wait for the confirm.
+    pub confirm_timeout: Duration,
+    /// Extra attempts here before the next endpoint.
+    pub retries: u32,
+    /// Headers set on every copy sent here.
+    pub headers: Vec<(String, String)>,
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,263 @@
+//! The configuration file as written: plain serde types, one per TOML table.
+//!
+//! Nothing here is validated beyond its shape (`deny_unknown_fields` makes an
+//! unknown key an error). [`super::compile`] turns a [`RawConfig`] into a
+//! [`super::Settings`] whose every name is resolved.
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// Name of this forwarder instance; prefixes its AMQP connection names.
+    #[serde(default = "default_instance_name")]
+    pub name: String,
+    /// How long SIGINT/SIGTERM waits for in-flight transactions, in milliseconds.
+    #[serde(default = "default_shutdown_timeout_ms")]
+    pub shutdown_timeout_ms: u64,
+    /// The queue work items are consumed from.
+    pub inbound: RawInbound,
+    /// Where messages go when they cannot be forwarded.
+    pub dead_letter: RawDeadLetter,
+    /// Broker connections by name.
+    pub brokers: BTreeMap<String, RawBroker>,
+    /// Publish destinations by name.
+    pub endpoints: BTreeMap<String, RawEndpoint>,
+    /// Named, ordered lists of endpoint names used as backups.
+    #[serde(default)]
+    pub backup_lists: BTreeMap<String, Vec<String>>,
+    /// Named filters.
+    #[serde(default)]
+    pub filters: BTreeMap<String, RawFilter>,
+    /// The filter table: each entry is a potential branch.
+    #[serde(default)]
+    pub filter_table: Vec<RawFilterEntry>,
+    /// Sessionful message sets.
+    #[serde(default)]
+    pub sessions: RawSessions,
+    /// The admin HTTP listener.
+    #[serde(default)]
+    pub admin: RawAdmin,
+}
+
+fn default_instance_name() -> String {
+    "switchyard".to_owned()
+}
+
+fn default_shutdown_timeout_ms() -> u64 {
+    10_000
+}
+
+/// `[inbound]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawInbound {
+    /// A key of `[brokers]`.
+    pub broker: String,
+    /// The queue to consume.
+    pub queue: String,
+    /// `basic.qos` prefetch: how many messages are held unacked at once.
+    #[serde(default = "default_prefetch")]
+    pub prefetch: u32,
+    /// Declare the queue (durable) with its dead-letter arguments.
+    #[serde(default = "default_true")]
+    pub declare: bool,
+    /// Declare the queue with `x-single-active-consumer`.
+    #[serde(default)]
+    pub single_active_consumer: bool,
+}
+
+fn default_prefetch() -> u32 {
+    1000
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// `[dead_letter]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDeadLetter {
+    /// `"nack"` or `"republish"`.
+    #[serde(default = "default_dead_letter_mode")]
+    pub mode: String,
+    /// The dead-letter exchange.
+    pub exchange: String,
+    /// The routing key dead letters are published (or dead-lettered) with.
+    #[serde(default)]
+    pub routing_key: String,
+    /// The dead-letter queue, declared and bound when `inbound.declare` is true.
+    #[serde(default)]
+    pub queue: Option<String>,
+}
+
+fn default_dead_letter_mode() -> String {
+    "nack".to_owned()
+}
+
+/// `[brokers.NAME]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBroker {
+    /// `amqp://` or `amqps://` URI, credentials included.
+    pub uri: String,
+}
+
+/// `[endpoints.NAME]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawEndpoint {
+    /// A key of `[brokers]`.
+    pub broker: String,
+    /// Exchange to publish to; `""` is the default exchange.
+    #[serde(default)]
+    pub exchange: String,
+    /// Routing key of the copies; with the default exchange, the queue name.
+    #[serde(default)]
+    pub routing_key: String,
+    /// Declare this durable queue at startup.
+    #[serde(default)]
+    pub declare_queue: Option<String>,
+    /// How long to wait for a publisher confirm, in milliseconds.
+    #[serde(default = "default_confirm_timeout_ms")]
+    pub confirm_timeout_ms: u64,
+    /// Extra attempts on this endpoint before moving to the next one.
+    #[serde(default)]
+    pub retries: u32,
+    /// Headers set (or overwritten) on this endpoint's copies.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+}
+
+fn default_confirm_timeout_ms() -> u64 {
+    5000
+}
+
+/// `[filters.NAME]`: the keys of every filter kind; `type` says which apply.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawFilter {
+    /// The filter kind.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// `header`: the header name.
+    pub header: Option<String>,
+    /// `property`: the property name.
+    pub property: Option<String>,
+    /// `routing_key`: the topic pattern.
+    pub pattern: Option<String>,
+    /// `json`: an RFC 6901 pointer.
+    pub pointer: Option<String>,
+    /// `xpath`: the expression.
+    pub expression: Option<String>,
+    /// `xpath`: namespace prefixes.
+    pub namespaces: Option<BTreeMap<String, String>>,
+    /// Matches when the value's text form equals this.
+    pub equals: Option<ScalarValue>,
+    /// Matches when the value is present.
+    pub exists: Option<bool>,
+    /// Matches when the value's text form matches this regular expression.
+    pub regex: Option<String>,
+    /// Matches when the value's text form is one of these.
+    #[serde(rename = "in")]
+    pub one_of: Option<Vec<ScalarValue>>,
+    /// `and` / `or`: the named filters.
+    pub filters: Option<Vec<String>>,
+    /// `not`: the named filter.
+    pub filter: Option<String>,
+}
+
+/// A TOML scalar compared by its text form (`1`, `true` and `"x"` all work).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum ScalarValue {
+    /// A boolean.
+    Bool(bool),
+    /// An integer.
+    Int(i64),
+    /// A float.
+    Float(f64),
+    /// A string.
+    Text(String),
+}
+
+impl ScalarValue {
+    /// The text form header and property values are compared with.
+    pub fn as_text(&self) -> String {
+        match self {
+            Self::Bool(b) => b.to_string(),
+            Self::Int(i) => i.to_string(),
+            Self::Float(f) => f.to_string(),
+            Self::Text(s) => s.clone(),
+        }
+    }
+}
+
+/// `[[filter_table]]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawFilterEntry {
+    /// Branch name used in headers, logs and metrics; default `<filter>-><endpoint>`.
+    pub name: Option<String>,
+    /// A key of `[filters]`.
+    pub filter: String,
+    /// A key of `[endpoints]`: the branch's first endpoint.
+    pub endpoint: String,
+    /// A key of `[backup_lists]`.
+    pub backup_list: Option<String>,
+    /// Only the highest priority with a match is used.
+    #[serde(default)]
+    pub priority: i32,
+    /// `"failover"` or `"round_robin"`.
+    #[serde(default = "default_strategy")]
+    pub strategy: String,
+}
+
+fn default_strategy() -> String {
+    "failover".to_owned()
+}
+
+/// `[sessions]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawSessions {
+    /// Whether sessionful forwarding is on.
+    pub enabled: bool,
+    /// Header naming the session a message belongs to.
+    pub id_header: String,
+    /// Header marking the last message of a session.
+    pub end_header: String,
+    /// A session idle this long is dead-lettered, in milliseconds.
+    pub idle_timeout_ms: u64,
+    /// Most messages a session may hold.
+    pub max_messages: u32,
+    /// Most body bytes a session may hold.
+    pub max_bytes: u64,
+    /// Most sessions open at once.
+    pub max_open: u32,
+}
+
+impl Default for RawSessions {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            id_header: "session-id".to_owned(),
+            end_header: "session-end".to_owned(),
+            idle_timeout_ms: 30_000,
+            max_messages: 50,
+            max_bytes: 16 * 1024 * 1024,
+            max_open: 16,
+        }
+    }
+}
+
+/// `[admin]`
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAdmin {
+    /// `host:port` of the admin listener; absent means disabled.
+    pub listen: Option<String>,
+}

@@ -1,0 +1,290 @@
+//! Validation: the SPEC's example loads, and each invalid configuration
+//! fails with its exact one-line error.
+
+use super::{DeadLetterMode, load_str};
+
+const BASE: &str = r#"
+[inbound]
+broker = "main"
+queue = "work.in"
+
+[dead_letter]
+exchange = "work.dlx"
+routing_key = "work.dlq"
+queue = "work.dlq"
+
+[brokers.main]
+uri = "amqp://guest:secret@127.0.0.1:5672/%2f"
+
+[endpoints.primary]
+broker = "main"
+routing_key = "service.primary"
+
+[endpoints.backup]
+broker = "main"
+routing_key = "service.backup"
+
+[backup_lists]
+backups = ["backup"]
+
+[filters.all]
+type = "match_all"
+
+[[filter_table]]
+name = "service"
+filter = "all"
+endpoint = "primary"
+backup_list = "backups"
+"#;
+
+fn error_of(toml: &str) -> String {
+    match load_str(toml, "test.toml") {
+        Ok(_) => panic!("expected an error for:\n{toml}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn with(extra: &str) -> String {
+    format!("{BASE}\n{extra}")
+}
+
+#[test]
+fn the_spec_example_is_valid() {
+    let spec = include_str!("../../config/spec-example.toml");
+    let settings = load_str(spec, "spec-example.toml").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(settings.inbound.prefetch, 1000);
+    assert_eq!(settings.dead_letter.mode, DeadLetterMode::Nack);
+    assert_eq!(
+        settings.routing.branch_names().collect::<Vec<_>>(),
+        ["service", "logging"]
+    );
+    assert_eq!(
+        settings.endpoints["primaryServiceQueue"]
+            .confirm_timeout
+            .as_millis(),
+        5000
+    );
+}
+
+#[test]
+fn the_seed_config_is_valid() {
+    let seed = include_str!("../../config/switchyard.toml");
+    let settings = load_str(seed, "switchyard.toml").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(settings.endpoints.len(), 4);
+}
+
+#[test]
+fn defaults_apply() {
+    let settings = load_str(BASE, "test.toml").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(settings.inbound.prefetch, 1000);
+    assert!(settings.inbound.declare);
+    assert_eq!(settings.shutdown_timeout.as_millis(), 10_000);
+    assert_eq!(
+        settings.endpoints["primary"].confirm_timeout.as_millis(),
+        5000
+    );
+    assert_eq!(settings.endpoints["primary"].retries, 0);
+    assert_eq!(settings.dead_letter.mode, DeadLetterMode::Nack);
+}
+
+#[test]
+fn default_branch_name_is_filter_arrow_endpoint() {
+    let toml = BASE.replace("name = \"service\"\n", "");
+    let settings = load_str(&toml, "test.toml").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        settings.routing.branch_names().collect::<Vec<_>>(),
+        ["all->primary"]
+    );
+}
+
+#[test]
+fn invalid_configurations_fail_with_their_exact_error() {
+    let cases: Vec<(String, &str)> = vec![
+        (
+            BASE.replace("broker = \"main\"\nqueue", "broker = \"other\"\nqueue"),
+            "test.toml: inbound.broker: unknown broker \"other\" (defined: main)",
+        ),
+        (
+            BASE.replace("queue = \"work.in\"", "queue = \"\""),
+            "test.toml: inbound.queue: must not be empty",
+        ),
+        (
+            BASE.replace("queue = \"work.in\"", "queue = \"work.in\"\nprefetch = 0"),
+            "test.toml: inbound.prefetch: must be between 1 and 65535",
+        ),
+        (
+            BASE.replace(
+                "queue = \"work.in\"",
+                "queue = \"work.in\"\nprefetch = 70000",
+            ),
+            "test.toml: inbound.prefetch: must be between 1 and 65535",
+        ),
+        (
+            BASE.replace("[dead_letter]", "[dead_letter]\nmode = \"drop\""),
+            "test.toml: dead_letter.mode: unknown mode \"drop\" (expected \"nack\" or \"republish\")",
+        ),
+        (
+            BASE.replace(
+                "amqp://guest:secret@127.0.0.1:5672/%2f",
+                "http://guest:secret@127.0.0.1/",
+            ),
+            "test.toml: brokers.main.uri: must start with amqp:// or amqps://",
+        ),
+        (
+            BASE.replace(
+                "broker = \"main\"\nrouting_key = \"service.backup\"",
+                "broker = \"nope\"\nrouting_key = \"service.backup\"",
+            ),
+            "test.toml: endpoints.backup.broker: unknown broker \"nope\" (defined: main)",
+        ),
+        (
+            BASE.replace(
+                "routing_key = \"service.primary\"",
+                "routing_key = \"service.primary\"\nconfirm_timeout_ms = 0",
+            ),
+            "test.toml: endpoints.primary.confirm_timeout_ms: must be greater than 0",
+        ),
+        (
+            BASE.replace("routing_key = \"service.primary\"", ""),
+            "test.toml: endpoints.primary.routing_key: must name the destination queue when exchange is the default exchange (\"\")",
+        ),
+        (
+            BASE.replace("backups = [\"backup\"]", "backups = []"),
+            "test.toml: backup_lists.backups: is empty; list at least one endpoint or remove it",
+        ),
+        (
+            BASE.replace(
+                "backups = [\"backup\"]",
+                "backups = [\"backup\", \"missing\"]",
+            ),
+            "test.toml: backup_lists.backups[1]: unknown endpoint \"missing\" (defined: backup, primary)",
+        ),
+        (
+            BASE.replace("backups = [\"backup\"]", "backups = [\"primary\"]"),
+            "test.toml: filter_table[0].backup_list: endpoint \"primary\" appears twice in this branch's list",
+        ),
+        (
+            BASE.replace("filter = \"all\"", "filter = \"some\""),
+            "test.toml: filter_table[0].filter: unknown filter \"some\" (defined: all)",
+        ),
+        (
+            BASE.replace("endpoint = \"primary\"", "endpoint = \"primry\""),
+            "test.toml: filter_table[0].endpoint: unknown endpoint \"primry\" (defined: backup, primary)",
+        ),
+        (
+            BASE.replace("backup_list = \"backups\"", "backup_list = \"backupz\""),
+            "test.toml: filter_table[0].backup_list: unknown backup list \"backupz\" (defined: backups)",
+        ),
+        (
+            BASE.replace(
+                "backup_list = \"backups\"",
+                "backup_list = \"backups\"\nstrategy = \"random\"",
+            ),
+            "test.toml: filter_table[0].strategy: unknown strategy \"random\" (expected \"failover\" or \"round_robin\")",
+        ),
+        (
+            with("[[filter_table]]\nname = \"service\"\nfilter = \"all\"\nendpoint = \"backup\""),
+            "test.toml: filter_table[1].name: branch name \"service\" is used twice; names must be unique",
+        ),
+        (
+            BASE.split("[[filter_table]]")
+                .next()
+                .unwrap_or_default()
+                .to_owned(),
+            "test.toml: filter_table: has no entries; add at least one [[filter_table]]",
+        ),
+        (
+            with("[filters.bad]\ntype = \"fuzzy\""),
+            "test.toml: filters.bad.type: unknown filter type \"fuzzy\" (expected match_all, header, property, routing_key, and, or, not)",
+        ),
+        (
+            with("[filters.h]\ntype = \"header\"\nheader = \"tenant\""),
+            "test.toml: filters.h: needs one of equals, exists, regex, in",
+        ),
+        (
+            with(
+                "[filters.h]\ntype = \"header\"\nheader = \"tenant\"\nequals = \"a\"\nregex = \"b\"",
+            ),
+            "test.toml: filters.h: takes only one of equals, exists, regex, in, not several",
+        ),
+        (
+            with("[filters.h]\ntype = \"header\"\nequals = \"a\""),
+            "test.toml: filters.h.header: is required",
+        ),
+        (
+            with("[filters.h]\ntype = \"header\"\nheader = \"x\"\nregex = \"(unclosed\""),
+            "test.toml: filters.h.regex: invalid regular expression: error: unclosed group",
+        ),
+        (
+            with("[filters.h]\ntype = \"header\"\nheader = \"x\"\nexists = false"),
+            "test.toml: filters.h.exists: only `exists = true` is supported; wrap the filter in a \"not\" filter",
+        ),
+        (
+            with("[filters.p]\ntype = \"property\"\nproperty = \"colour\"\nequals = \"red\""),
+            "test.toml: filters.p.property: unknown property \"colour\" (expected one of content_type, content_encoding, type, app_id, correlation_id, reply_to, user_id, message_id, priority, expiration)",
+        ),
+        (
+            with("[filters.p]\ntype = \"property\"\nproperty = \"app_id\"\nexists = true"),
+            "test.toml: filters.p.exists: does not apply to a \"property\" filter",
+        ),
+        (
+            with("[filters.r]\ntype = \"routing_key\"\nheader = \"x\"\npattern = \"a.*\""),
+            "test.toml: filters.r.header: does not apply to a \"routing_key\" filter",
+        ),
+        (
+            with("[filters.a]\ntype = \"and\"\nfilters = [\"all\", \"ghost\"]"),
+            "test.toml: filters.a.filters: unknown filter \"ghost\" (defined: a, all)",
+        ),
+        (
+            with("[filters.a]\ntype = \"or\"\nfilters = []"),
+            "test.toml: filters.a.filters: must name at least one filter",
+        ),
+        (
+            with(
+                "[filters.a]\ntype = \"not\"\nfilter = \"b\"\n[filters.b]\ntype = \"and\"\nfilters = [\"a\"]",
+            ),
+            "test.toml: filters.a: filters refer to each other in a cycle: a -> b -> a",
+        ),
+        (
+            with("[filters.j]\ntype = \"json\"\npointer = \"/a\"\nequals = 1"),
+            "test.toml: filters.j.type: filter type \"json\" is not available in this version",
+        ),
+        (
+            with("[sessions]\nenabled = true"),
+            "test.toml: sessions.enabled: sessionful forwarding is not available in this version; set it to false",
+        ),
+        (
+            with("[admin]\nlisten = \"localhost\""),
+            "test.toml: admin.listen: \"localhost\" is not a host:port address",
+        ),
+    ];
+    for (toml, expected) in cases {
+        assert_eq!(error_of(&toml), expected);
+    }
+}
+
+#[test]
+fn parse_errors_name_the_file_and_key() {
+    let unknown_key = error_of(&BASE.replace("[inbound]", "[inbound]\nprefetchh = 5"));
+    assert!(unknown_key.starts_with("test.toml: "), "{unknown_key}");
+    assert!(unknown_key.contains("prefetchh"), "{unknown_key}");
+
+    let wrong_type = error_of(&BASE.replace(
+        "queue = \"work.in\"",
+        "queue = \"work.in\"\nprefetch = \"many\"",
+    ));
+    assert!(wrong_type.contains("prefetch"), "{wrong_type}");
+
+    let missing = error_of(&BASE.replace("queue = \"work.in\"\n", ""));
+    assert!(missing.contains("queue"), "{missing}");
+
+    let not_toml = error_of("[inbound\nbroker = ");
+    assert!(not_toml.starts_with("test.toml: "), "{not_toml}");
+}
+
+#[test]
+fn errors_never_contain_credentials() {
+    let err = error_of(&BASE.replace("127.0.0.1:5672", "127.0.0.1:notaport"));
+    assert!(err.starts_with("test.toml: brokers.main.uri: "), "{err}");
+    assert!(!err.contains("secret"), "{err}");
+}

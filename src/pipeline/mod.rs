@@ -1,0 +1,173 @@
+//! The forwarding pipeline: consume → route → deliver → settle.
+//!
+//! - [`consume`]: deliveries → envelopes under peek-lock, one transaction
+//!   task each, reconnecting the consumer when it is lost.
+//! - route: [`crate::routing`], pure.
+//! - [`deliver`]: one confirmed copy per branch, backup lists walked.
+//! - [`outcome`]: branch outcomes and the verdict they reach.
+//! - [`settle`]: verdict → ack or dead letter.
+//!
+//! [`Forwarder::run`] prepares the broker topology, consumes until
+//! shutdown, then drains in-flight transactions within the configured bound.
+
+mod consume;
+pub mod deliver;
+pub mod outcome;
+pub mod settle;
+
+use crate::broker::{
+    Connector, Publisher, Role, TopologyError, declare_endpoint_queue, prepare_inbound,
+};
+use crate::config::{DeadLetterMode, Endpoint, Settings};
+use crate::routing::RoutingTable;
+use deliver::Publishers;
+use settle::Settler;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// Why the forwarder could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The broker refused the topology the configuration asks for.
+    #[error("{0}")]
+    Topology(String),
+}
+
+/// A configured forwarder, not yet connected.
+pub struct Forwarder {
+    settings: Settings,
+    consume_connector: Arc<Connector>,
+    publish_connectors: BTreeMap<String, Arc<Connector>>,
+    publishers: Publishers,
+    settler: Settler,
+    routing: watch::Receiver<Arc<RoutingTable>>,
+    /// Kept so the routing channel stays open; reload publishes through it.
+    _routing_source: watch::Sender<Arc<RoutingTable>>,
+    publishers_stop: CancellationToken,
+}
+
+impl Forwarder {
+    /// Builds connectors and publisher tasks; connects lazily.
+    pub fn new(settings: Settings) -> Self {
+        let publish_connectors: BTreeMap<String, Arc<Connector>> = settings
+            .brokers
+            .iter()
+            .map(|(name, spec)| {
+                (
+                    name.clone(),
+                    Arc::new(Connector::new(spec.clone(), &settings.name, Role::Publish)),
+                )
+            })
+            .collect();
+        let consume_connector = Arc::new(Connector::new(
+            settings.brokers[&settings.inbound.broker].clone(),
+            &settings.name,
+            Role::Consume,
+        ));
+        let publishers_stop = CancellationToken::new();
+        let mut publishers = Publishers::default();
+        for endpoint in settings.endpoints.values() {
+            let connector = publish_connectors[&endpoint.broker].clone();
+            publishers.insert(Publisher::spawn(
+                endpoint.clone(),
+                connector,
+                publishers_stop.clone(),
+            ));
+        }
+        let dead_letters = (settings.dead_letter.mode == DeadLetterMode::Republish).then(|| {
+            let endpoint = Arc::new(Endpoint {
+                name: "dead-letter".to_owned(),
+                broker: settings.inbound.broker.clone(),
+                exchange: settings.dead_letter.exchange.clone(),
+                routing_key: settings.dead_letter.routing_key.clone(),
+                declare_queue: None,
+                confirm_timeout: Duration::from_secs(5),
+                retries: 0,
+                headers: Vec::new(),
+            });
+            let connector = publish_connectors[&settings.inbound.broker].clone();
+            Publisher::spawn(endpoint, connector, publishers_stop.clone())
+        });
+        let settler = Settler::new(
+            settings.dead_letter.mode,
+            dead_letters,
+            &settings.inbound.queue,
+        );
+        let (routing_source, routing) = watch::channel(settings.routing.clone());
+        Self {
+            settings,
+            consume_connector,
+            publish_connectors,
+            publishers,
+            settler,
+            routing,
+            _routing_source: routing_source,
+            publishers_stop,
+        }
+    }
+
+    /// Runs until `shutdown` is cancelled, then drains and closes.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), RunError> {
+        self.prepare(&shutdown).await?;
+        crate::telemetry::config_loaded(1, self.settings.routing.branch_names().count());
+        let tracker = TaskTracker::new();
+        let session = consume::consume_until(&self, &shutdown, &tracker).await;
+        tracker.close();
+        let bound = self.settings.shutdown_timeout;
+        if tokio::time::timeout(bound, tracker.wait()).await.is_err() {
+            tracing::warn!(
+                in_flight = tracker.len(),
+                bound_ms = bound.as_millis() as u64,
+                "shutdown bound reached; unfinished messages go back to the queue"
+            );
+        }
+        if let Some(session) = session {
+            session.close().await;
+        }
+        self.publishers_stop.cancel();
+        self.consume_connector.close().await;
+        for connector in self.publish_connectors.values() {
+            connector.close().await;
+        }
+        tracing::info!("stopped");
+        Ok(())
+    }
+
+    /// Declares what the configuration asks for, retrying while the broker
+    /// is unreachable; a refusal is fatal.
+    async fn prepare(&self, shutdown: &CancellationToken) -> Result<(), RunError> {
+        let mut delay = Duration::from_millis(200);
+        loop {
+            match prepare_inbound(&self.consume_connector, &self.settings).await {
+                Ok(()) => break,
+                Err(TopologyError::Refused(why)) => return Err(RunError::Topology(why)),
+                Err(TopologyError::Unreachable(why)) => {
+                    tracing::warn!(error = %why, retry_in_ms = delay.as_millis() as u64, "inbound broker not ready");
+                    tokio::select! {
+                        () = shutdown.cancelled() => return Ok(()),
+                        () = tokio::time::sleep(delay) => {}
+                    }
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+        for endpoint in self.settings.endpoints.values() {
+            let Some(queue) = &endpoint.declare_queue else {
+                continue;
+            };
+            let connector = &self.publish_connectors[&endpoint.broker];
+            match declare_endpoint_queue(connector, queue).await {
+                Ok(()) => {}
+                Err(TopologyError::Refused(why)) => return Err(RunError::Topology(why)),
+                Err(TopologyError::Unreachable(why)) => {
+                    tracing::warn!(endpoint = %endpoint.name, error = %why, "could not declare the endpoint's queue; its branches will fail over until it is reachable");
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,305 @@
+//! Route: envelope → branches. Pure, synchronous, no I/O.
+//!
+//! The [`RoutingTable`] is compiled once from the configuration and shared
+//! behind an `Arc`; every message in flight keeps the table it was routed
+//! with, so a reload never changes a transaction half-way. Matching takes the
+//! highest priority that has at least one matching entry and returns one
+//! [`BranchPlan`] per matching entry there: its name and the ordered list of
+//! endpoints to try.
+
+mod filter;
+mod topic;
+
+pub use filter::{Filter, Property, ValueTest};
+pub use topic::TopicPattern;
+
+use crate::config::Endpoint;
+use crate::envelope::Envelope;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// How a branch walks its endpoint list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    /// Always start at the first endpoint.
+    Failover,
+    /// Rotate the starting endpoint per message; the rest are backups in order.
+    RoundRobin,
+}
+
+/// One filter-table entry: a potential branch.
+#[derive(Debug)]
+pub struct Branch {
+    name: Arc<str>,
+    filter_name: String,
+    filter: Arc<Filter>,
+    priority: i32,
+    endpoints: Arc<[Arc<Endpoint>]>,
+    strategy: Strategy,
+    next_start: AtomicUsize,
+}
+
+impl Branch {
+    /// A branch; `endpoints` is `[endpoint] + backup_list` and is never empty.
+    pub fn new(
+        name: impl Into<Arc<str>>,
+        filter_name: impl Into<String>,
+        filter: Arc<Filter>,
+        priority: i32,
+        endpoints: Vec<Arc<Endpoint>>,
+        strategy: Strategy,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            filter_name: filter_name.into(),
+            filter,
+            priority,
+            endpoints: endpoints.into(),
+            strategy,
+            next_start: AtomicUsize::new(0),
+        }
+    }
+
+    /// The branch name used in headers, logs and metrics.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn plan(&self) -> BranchPlan {
+        let start = match self.strategy {
+            Strategy::Failover => 0,
+            Strategy::RoundRobin => {
+                self.next_start.fetch_add(1, Ordering::Relaxed) % self.endpoints.len()
+            }
+        };
+        BranchPlan {
+            name: self.name.clone(),
+            endpoints: self.endpoints.clone(),
+            start,
+        }
+    }
+}
+
+/// What one message does on one branch: the endpoints to try, in order.
+#[derive(Debug, Clone)]
+pub struct BranchPlan {
+    /// The branch name.
+    pub name: Arc<str>,
+    endpoints: Arc<[Arc<Endpoint>]>,
+    start: usize,
+}
+
+impl BranchPlan {
+    /// The endpoints in the order they are tried.
+    pub fn endpoints(&self) -> impl Iterator<Item = &Arc<Endpoint>> {
+        let n = self.endpoints.len();
+        (0..n).map(move |i| &self.endpoints[(self.start + i) % n])
+    }
+}
+
+/// The compiled filter table.
+#[derive(Debug)]
+pub struct RoutingTable {
+    /// Entries sorted by priority, highest first; ties keep file order.
+    branches: Vec<Branch>,
+}
+
+impl RoutingTable {
+    /// A table from its entries (any order).
+    pub fn new(mut branches: Vec<Branch>) -> Self {
+        branches.sort_by_key(|b| std::cmp::Reverse(b.priority));
+        Self { branches }
+    }
+
+    /// The branches `envelope` takes: every matching entry at the highest
+    /// matching priority. With `x-switchyard-only`, entries it does not name
+    /// are ignored. Empty means no route.
+    pub fn route(&self, envelope: &Envelope) -> Vec<BranchPlan> {
+        let only = envelope.only_branches();
+        let allowed = |b: &Branch| {
+            only.as_ref()
+                .is_none_or(|names| names.iter().any(|n| n.as_str() == b.name()))
+        };
+        let mut chosen: Option<i32> = None;
+        let mut plans = Vec::new();
+        for branch in &self.branches {
+            if chosen.is_some_and(|p| p != branch.priority) {
+                break;
+            }
+            if allowed(branch) && branch.filter.matches(envelope) {
+                chosen = Some(branch.priority);
+                plans.push(branch.plan());
+            }
+        }
+        plans
+    }
+
+    /// Every branch name, in table order.
+    pub fn branch_names(&self) -> impl Iterator<Item = &str> {
+        self.branches.iter().map(Branch::name)
+    }
+
+    /// A short human summary, one line per entry, for `switchyard check`.
+    pub fn summary(&self) -> String {
+        let mut out = String::new();
+        for b in &self.branches {
+            let endpoints: Vec<&str> = b.endpoints.iter().map(|e| e.name.as_str()).collect();
+            let strategy = match b.strategy {
+                Strategy::Failover => "failover",
+                Strategy::RoundRobin => "round_robin",
+            };
+            let _ = writeln!(
+                out,
+                "  priority {:>3}  {:<20} filter {:<16} {} [{}]",
+                b.priority,
+                b.name,
+                b.filter_name,
+                endpoints.join(" -> "),
+                strategy
+            );
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::{AmqpValue, FieldArray, FieldTable, Properties};
+    use std::time::Duration;
+
+    fn endpoint(name: &str) -> Arc<Endpoint> {
+        Arc::new(Endpoint {
+            name: name.to_owned(),
+            broker: "main".to_owned(),
+            exchange: String::new(),
+            routing_key: name.to_owned(),
+            declare_queue: None,
+            confirm_timeout: Duration::from_secs(5),
+            retries: 0,
+            headers: Vec::new(),
+        })
+    }
+
+    fn branch(
+        name: &str,
+        filter: Filter,
+        priority: i32,
+        endpoints: &[&str],
+        strategy: Strategy,
+    ) -> Branch {
+        Branch::new(
+            name,
+            "f",
+            Arc::new(filter),
+            priority,
+            endpoints.iter().map(|e| endpoint(e)).collect(),
+            strategy,
+        )
+    }
+
+    fn message(routing_key: &str, only: Option<&[&str]>) -> Envelope {
+        let mut headers = FieldTable::default();
+        if let Some(names) = only {
+            let names = names
+                .iter()
+                .map(|n| AmqpValue::LongString((*n).into()))
+                .collect::<Vec<_>>();
+            headers.insert(
+                crate::envelope::ONLY_HEADER.into(),
+                AmqpValue::FieldArray(FieldArray::from(names)),
+            );
+        }
+        Envelope {
+            delivery_tag: 1,
+            exchange: String::new(),
+            routing_key: routing_key.to_owned(),
+            redelivered: false,
+            properties: Properties::default().with_headers(headers),
+            body: Vec::new(),
+        }
+    }
+
+    fn names(plans: &[BranchPlan]) -> Vec<&str> {
+        plans.iter().map(|p| &*p.name).collect()
+    }
+
+    fn urgent() -> Filter {
+        Filter::RoutingKey(TopicPattern::parse("urgent.#"))
+    }
+
+    #[test]
+    fn only_the_highest_matching_priority_is_used() {
+        let table = RoutingTable::new(vec![
+            branch("service", Filter::MatchAll, 0, &["s"], Strategy::Failover),
+            branch("logging", Filter::MatchAll, 0, &["l"], Strategy::Failover),
+            branch("express", urgent(), 10, &["x"], Strategy::Failover),
+        ]);
+        assert_eq!(
+            names(&table.route(&message("urgent.now", None))),
+            ["express"]
+        );
+        assert_eq!(
+            names(&table.route(&message("normal", None))),
+            ["service", "logging"]
+        );
+    }
+
+    #[test]
+    fn no_match_is_no_route() {
+        let table = RoutingTable::new(vec![branch(
+            "express",
+            urgent(),
+            0,
+            &["x"],
+            Strategy::Failover,
+        )]);
+        assert!(table.route(&message("normal", None)).is_empty());
+    }
+
+    #[test]
+    fn only_header_restricts_the_branches() {
+        let table = RoutingTable::new(vec![
+            branch("service", Filter::MatchAll, 0, &["s"], Strategy::Failover),
+            branch("logging", Filter::MatchAll, 0, &["l"], Strategy::Failover),
+        ]);
+        assert_eq!(
+            names(&table.route(&message("k", Some(&["logging"])))),
+            ["logging"]
+        );
+        assert!(table.route(&message("k", Some(&["gone"]))).is_empty());
+    }
+
+    #[test]
+    fn failover_always_starts_first_and_round_robin_rotates() {
+        let order = |p: &BranchPlan| p.endpoints().map(|e| e.name.clone()).collect::<Vec<_>>();
+        let failover = RoutingTable::new(vec![branch(
+            "b",
+            Filter::MatchAll,
+            0,
+            &["a", "b", "c"],
+            Strategy::Failover,
+        )]);
+        for _ in 0..3 {
+            assert_eq!(
+                order(&failover.route(&message("k", None))[0]),
+                ["a", "b", "c"]
+            );
+        }
+        let rr = RoutingTable::new(vec![branch(
+            "b",
+            Filter::MatchAll,
+            0,
+            &["a", "b", "c"],
+            Strategy::RoundRobin,
+        )]);
+        let starts: Vec<Vec<String>> = (0..4)
+            .map(|_| order(&rr.route(&message("k", None))[0]))
+            .collect();
+        assert_eq!(starts[0], ["a", "b", "c"]);
+        assert_eq!(starts[1], ["b", "c", "a"]);
+        assert_eq!(starts[2], ["c", "a", "b"]);
+        assert_eq!(starts[3], ["a", "b", "c"]);
+    }
+}
