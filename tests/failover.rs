@@ -1,0 +1,247 @@
+//! Failover on each failure kind: a return (missing queue), a confirm
+//! timeout (a stalled connection), and a connection closed by the broker or
+//! cut under the forwarder. Every message is counted: nothing lost.
+
+mod support;
+
+use lapin::BasicProperties;
+use std::collections::BTreeSet;
+use std::time::Duration;
+use support::harness::{InProcess, base_toml, endpoint_toml};
+use support::{
+    DEFAULT_TIMEOUT, FaultProxy, Message, TestBroker, amqp_addr, close_connections_named,
+    delete_all_with_prefix, unique_prefix, wait_until,
+};
+
+/// One branch "service": `primary` then `backup`.
+fn one_branch(p: &str, brokers: &str, primary: &str, backup: &str) -> String {
+    format!(
+        r#"{base}{brokers}{primary}{backup}
+[backup_lists]
+backups = ["backup"]
+
+[filters.all]
+type = "match_all"
+
+[[filter_table]]
+name = "service"
+filter = "all"
+endpoint = "primary"
+backup_list = "backups"
+"#,
+        base = base_toml(p, "nack"),
+    )
+}
+
+/// Bodies sorted: a failover may reorder messages (only sessions keep order
+/// across a failover), so sets are compared, duplicates included.
+fn bodies(queue: &[Message]) -> Vec<String> {
+    let mut bodies: Vec<String> = queue.iter().map(Message::body_str).collect();
+    bodies.sort();
+    bodies
+}
+
+async fn publish_numbered(broker: &TestBroker, p: &str, range: std::ops::Range<u32>) {
+    let bodies: Vec<String> = range.map(|i| format!("m{i:05}")).collect();
+    broker
+        .publish_many(
+            "",
+            &format!("{p}.in"),
+            bodies.iter(),
+            BasicProperties::default(),
+        )
+        .await;
+}
+
+#[tokio::test]
+async fn a_returned_publish_fails_over_to_the_backup() {
+    let p = unique_prefix("fo-return");
+    let broker = TestBroker::connect(&p).await;
+    // The primary's queue does not exist: the default exchange returns the copy (312 NO_ROUTE).
+    let toml = one_branch(
+        &p,
+        "",
+        &endpoint_toml("primary", "main", &format!("{p}.missing"), false, ""),
+        &endpoint_toml("backup", "main", &format!("{p}.backup"), true, ""),
+    );
+    let forwarder = InProcess::start_consuming(&toml, &broker, &format!("{p}.in")).await;
+    publish_numbered(&broker, &p, 0..300).await;
+    broker
+        .await_count(&format!("{p}.backup"), 300, DEFAULT_TIMEOUT)
+        .await;
+    forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
+
+    let expected: Vec<String> = (0..300).map(|i| format!("m{i:05}")).collect();
+    assert_eq!(
+        bodies(&broker.get_all(&format!("{p}.backup")).await),
+        expected
+    );
+    assert!(!broker.queue_exists(&format!("{p}.missing")).await);
+    assert_eq!(broker.queue_len(&format!("{p}.dlq")).await, 0);
+    assert_eq!(broker.queue_len(&format!("{p}.in")).await, 0);
+    delete_all_with_prefix(&p).await;
+}
+
+#[tokio::test]
+async fn a_confirm_timeout_fails_over_and_the_primary_is_used_again_after() {
+    let p = unique_prefix("fo-timeout");
+    let broker = TestBroker::connect(&p).await;
+    let proxy = FaultProxy::start(amqp_addr()).await;
+    let toml = one_branch(
+        &p,
+        &format!("\n[brokers.slow]\nuri = \"{}\"\n", proxy.amqp_url()),
+        &endpoint_toml(
+            "primary",
+            "slow",
+            &format!("{p}.primary"),
+            true,
+            "confirm_timeout_ms = 400",
+        ),
+        &endpoint_toml("backup", "main", &format!("{p}.backup"), true, ""),
+    );
+    let forwarder = InProcess::start_consuming(&toml, &broker, &format!("{p}.in")).await;
+
+    publish_numbered(&broker, &p, 0..50).await;
+    broker
+        .await_count(&format!("{p}.primary"), 50, DEFAULT_TIMEOUT)
+        .await;
+
+    proxy.stall();
+    publish_numbered(&broker, &p, 50..100).await;
+    broker
+        .await_count(&format!("{p}.backup"), 50, DEFAULT_TIMEOUT)
+        .await;
+    wait_until("inbound drained while stalled", DEFAULT_TIMEOUT, || async {
+        broker.queue_len(&format!("{p}.in")).await == 0
+    })
+    .await;
+
+    proxy.resume();
+    // After the stall the primary is reachable again (a fresh channel or
+    // connection): new messages go there, not to the backup.
+    wait_until("primary reachable again", DEFAULT_TIMEOUT, || async {
+        publish_numbered(&broker, &p, 1000..1001).await;
+        let backup = broker.queue_len(&format!("{p}.backup")).await;
+        let primary = bodies(&broker.get_all(&format!("{p}.primary")).await);
+        primary.contains(&"m01000".to_owned()) && backup >= 50
+    })
+    .await;
+    forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
+
+    let backup: BTreeSet<String> = bodies(&broker.get_all(&format!("{p}.backup")).await)
+        .into_iter()
+        .collect();
+    for i in 50..100 {
+        assert!(
+            backup.contains(&format!("m{i:05}")),
+            "m{i:05} (sent while stalled) must be in the backup"
+        );
+    }
+    assert_eq!(broker.queue_len(&format!("{p}.dlq")).await, 0);
+    drop(proxy);
+    delete_all_with_prefix(&p).await;
+}
+
+/// Publishes held in a stalled connection, then a connection fault: every
+/// held publish fails and goes to the backup, on another broker connection.
+async fn in_flight_publishes_fail_over_on(p: &str, fault: impl AsyncFnOnce(&FaultProxy)) {
+    let broker = TestBroker::connect(p).await;
+    let proxy = FaultProxy::start(amqp_addr()).await;
+    let toml = one_branch(
+        p,
+        &format!("\n[brokers.edge]\nuri = \"{}\"\n", proxy.amqp_url()),
+        &endpoint_toml(
+            "primary",
+            "edge",
+            &format!("{p}.primary"),
+            true,
+            "confirm_timeout_ms = 20000",
+        ),
+        &endpoint_toml("backup", "main", &format!("{p}.backup"), true, ""),
+    );
+    let forwarder = InProcess::start_consuming(&toml, &broker, &format!("{p}.in")).await;
+    publish_numbered(&broker, p, 0..20).await;
+    broker
+        .await_count(&format!("{p}.primary"), 20, DEFAULT_TIMEOUT)
+        .await;
+
+    proxy.stall();
+    publish_numbered(&broker, p, 20..120).await;
+    wait_until("all 100 in flight", DEFAULT_TIMEOUT, || async {
+        broker.queue_len(&format!("{p}.in")).await == 0
+    })
+    .await;
+    fault(&proxy).await;
+    broker
+        .await_count(&format!("{p}.backup"), 100, DEFAULT_TIMEOUT)
+        .await;
+
+    // The forwarder reconnects and uses the primary again.
+    publish_numbered(&broker, p, 200..210).await;
+    broker
+        .await_count(&format!("{p}.primary"), 30, DEFAULT_TIMEOUT)
+        .await;
+    forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
+
+    let primary = bodies(&broker.get_all(&format!("{p}.primary")).await);
+    let backup = bodies(&broker.get_all(&format!("{p}.backup")).await);
+    let expected_primary: Vec<String> = (0..20)
+        .chain(200..210)
+        .map(|i| format!("m{i:05}"))
+        .collect();
+    let expected_backup: Vec<String> = (20..120).map(|i| format!("m{i:05}")).collect();
+    assert_eq!(primary, expected_primary);
+    assert_eq!(backup, expected_backup);
+    assert_eq!(broker.queue_len(&format!("{p}.dlq")).await, 0);
+    assert_eq!(broker.queue_len(&format!("{p}.in")).await, 0);
+    drop(proxy);
+    delete_all_with_prefix(p).await;
+}
+
+#[tokio::test]
+async fn a_connection_closed_by_the_broker_fails_over() {
+    let p = unique_prefix("fo-closed");
+    let name = format!("{p}/publish/edge");
+    in_flight_publishes_fail_over_on(&p, async |proxy| {
+        assert_eq!(
+            close_connections_named(&name).await,
+            1,
+            "the forwarder's edge connection"
+        );
+        proxy.resume();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_cut_connection_fails_over() {
+    let p = unique_prefix("fo-cut");
+    in_flight_publishes_fail_over_on(&p, async |proxy| {
+        assert!(proxy.cut() >= 1);
+        proxy.resume();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_unreachable_broker_fails_over_without_waiting_for_each_connect() {
+    let p = unique_prefix("fo-down");
+    let broker = TestBroker::connect(&p).await;
+    let proxy = FaultProxy::start(amqp_addr()).await;
+    proxy.refuse(true);
+    let toml = one_branch(
+        &p,
+        &format!("\n[brokers.down]\nuri = \"{}\"\n", proxy.amqp_url()),
+        &endpoint_toml("primary", "down", &format!("{p}.primary"), false, ""),
+        &endpoint_toml("backup", "main", &format!("{p}.backup"), true, ""),
+    );
+    let forwarder = InProcess::start_consuming(&toml, &broker, &format!("{p}.in")).await;
+    publish_numbered(&broker, &p, 0..200).await;
+    broker
+        .await_count(&format!("{p}.backup"), 200, Duration::from_secs(30))
+        .await;
+    forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(broker.queue_len(&format!("{p}.dlq")).await, 0);
+    drop(proxy);
+    delete_all_with_prefix(&p).await;
+}

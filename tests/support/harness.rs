@@ -1,0 +1,202 @@
+//! Running switchyard inside a test: configuration text with the test's
+//! prefix, the forwarder started in-process (or as a real process), and
+//! waiting until it consumes.
+
+use super::{DEFAULT_TIMEOUT, TestBroker, amqp_url, wait_until};
+use lapin::options::QueueDeclareOptions;
+use lapin::types::FieldTable;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use switchyard::RunError;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// The inbound, dead-letter and broker sections for `prefix`: inbound queue
+/// `<prefix>.in`, dead-letter exchange `<prefix>.dlx`, queue `<prefix>.dlq`.
+pub fn base_toml(prefix: &str, dead_letter_mode: &str) -> String {
+    format!(
+        r#"
+name = "{prefix}"
+shutdown_timeout_ms = 5000
+
+[inbound]
+broker = "main"
+queue = "{prefix}.in"
+prefetch = 500
+
+[dead_letter]
+mode = "{dead_letter_mode}"
+exchange = "{prefix}.dlx"
+routing_key = "{prefix}.dlq"
+queue = "{prefix}.dlq"
+
+[brokers.main]
+uri = "{url}"
+"#,
+        url = amqp_url()
+    )
+}
+
+/// An endpoint on broker `broker` publishing to queue `queue` through the
+/// default exchange, declaring it unless `declare` is false.
+pub fn endpoint_toml(name: &str, broker: &str, queue: &str, declare: bool, extra: &str) -> String {
+    let declare = if declare {
+        format!("declare_queue = \"{queue}\"\n")
+    } else {
+        String::new()
+    };
+    format!(
+        "\n[endpoints.{name}]\nbroker = \"{broker}\"\nrouting_key = \"{queue}\"\n{declare}{extra}\n"
+    )
+}
+
+/// A forwarder running in this process.
+pub struct InProcess {
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Result<(), RunError>>,
+}
+
+impl InProcess {
+    /// Compiles `toml` (panicking on an invalid one) and starts the forwarder.
+    pub fn start(toml: &str) -> Self {
+        let settings =
+            switchyard::config::load_str(toml, "test.toml").unwrap_or_else(|e| panic!("{e}"));
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(switchyard::run(settings, async {
+            let _ = stopped.await;
+        }));
+        Self {
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    /// Starts the forwarder and waits until it consumes from `queue`.
+    pub async fn start_consuming(toml: &str, broker: &TestBroker, queue: &str) -> Self {
+        let running = Self::start(toml);
+        wait_consumers(broker, queue, 1).await;
+        running
+    }
+
+    /// Signals shutdown and waits for `run` to return.
+    pub async fn stop(mut self) -> Result<(), RunError> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        match (&mut self.task).await {
+            Ok(result) => result,
+            Err(e) => panic!("forwarder task failed: {e}"),
+        }
+    }
+
+    /// Waits for `run` to return on its own (a startup error).
+    pub async fn finished(self) -> Result<(), RunError> {
+        match tokio::time::timeout(DEFAULT_TIMEOUT, self.task).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(e)) => panic!("forwarder task failed: {e}"),
+            Err(_) => panic!("forwarder did not stop on its own"),
+        }
+    }
+}
+
+/// Consumer count of `queue`, `None` when it does not exist.
+pub async fn consumer_count(broker: &TestBroker, queue: &str) -> Option<u32> {
+    let ch = broker.fresh_channel().await;
+    let options = QueueDeclareOptions {
+        passive: true,
+        ..QueueDeclareOptions::default()
+    };
+    let result = ch
+        .queue_declare(queue.into(), options, FieldTable::default())
+        .await;
+    let _ = ch.close(200, "OK".into()).await;
+    result.ok().map(|q| q.consumer_count())
+}
+
+/// Waits until `queue` has exactly `n` consumers.
+pub async fn wait_consumers(broker: &TestBroker, queue: &str, n: u32) {
+    wait_until(
+        &format!("{queue} has {n} consumer(s)"),
+        DEFAULT_TIMEOUT,
+        || async { consumer_count(broker, queue).await == Some(n) },
+    )
+    .await;
+}
+
+/// The switchyard binary run as a real process on a configuration file.
+pub struct Process {
+    child: Child,
+    /// Where its log goes.
+    pub log_path: std::path::PathBuf,
+}
+
+impl Process {
+    /// Writes `toml` to a temporary file and starts `switchyard run` on it.
+    pub fn spawn(prefix: &str, toml: &str) -> Self {
+        let dir = std::env::temp_dir();
+        let config_path = dir.join(format!("{prefix}.toml"));
+        std::fs::write(&config_path, toml).unwrap_or_else(|e| panic!("write config: {e}"));
+        let log_path = dir.join(format!("{prefix}-{}.log", uuid_suffix()));
+        let log = std::fs::File::create(&log_path).unwrap_or_else(|e| panic!("create log: {e}"));
+        let child = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+            .args(["run", "--config"])
+            .arg(&config_path)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn switchyard: {e}"));
+        Self { child, log_path }
+    }
+
+    /// Sends `signal` (e.g. "KILL", "TERM") to the process.
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([format!("-{signal}"), self.child.id().to_string()])
+            .status()
+            .unwrap_or_else(|e| panic!("kill: {e}"));
+        assert!(status.success(), "kill -{signal} failed");
+    }
+
+    /// Waits for the process to exit and returns its exit code.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(status) = self
+                .child
+                .try_wait()
+                .unwrap_or_else(|e| panic!("wait: {e}"))
+            {
+                return status.code();
+            }
+            if tokio::time::Instant::now() >= deadline {
+                panic!(
+                    "switchyard did not exit within {timeout:?}; log:\n{}",
+                    self.log()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The process's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn uuid_suffix() -> String {
+    format!(
+        "{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    )
+}

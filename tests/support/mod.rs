@@ -1,0 +1,909 @@
+//! Shared support for switchyard's integration tests: a real-broker test
+//! client (`TestBroker`), polling helpers, `rabbitmqctl` wrappers and an
+//! in-process TCP fault-injection proxy (`FaultProxy`).
+//!
+//! Every test names all of its queues, exchanges and connections with a
+//! `unique_prefix`, so tests can run in parallel and repeatedly against the
+//! same broker.
+#![allow(dead_code)]
+
+pub mod harness;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lapin::options::{
+    BasicAckOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions,
+    ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{
+    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+
+/// Environment variable overriding the broker URL used by the tests.
+pub const AMQP_URL_ENV: &str = "SWITCHYARD_TEST_AMQP_URL";
+/// Broker URL used when `SWITCHYARD_TEST_AMQP_URL` is not set.
+pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+/// Interval between two polls in `wait_until` / `wait_for` / `await_count`.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(50);
+/// A generous default timeout for broker-side conditions in tests.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(20);
+
+// ---------------------------------------------------------------------------
+// Addresses and names
+// ---------------------------------------------------------------------------
+
+/// The broker URL: `$SWITCHYARD_TEST_AMQP_URL` or `amqp://guest:guest@127.0.0.1:5672/%2f`.
+pub fn amqp_url() -> String {
+    std::env::var(AMQP_URL_ENV)
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+        .unwrap_or_else(|| DEFAULT_AMQP_URL.to_string())
+}
+
+/// The broker's TCP address as given by `amqp_url()` (127.0.0.1:5672 by default).
+pub fn amqp_addr() -> SocketAddr {
+    let url = amqp_url();
+    let uri: lapin::uri::AMQPUri = url
+        .parse()
+        .unwrap_or_else(|e| panic!("cannot parse AMQP URL {url:?}: {e}"));
+    let host = uri
+        .authority
+        .host
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let addrs: Vec<SocketAddr> = (host, uri.authority.port)
+        .to_socket_addrs()
+        .unwrap_or_else(|e| panic!("cannot resolve {host}:{}: {e}", uri.authority.port))
+        .collect();
+    // Prefer IPv4: "localhost" may list ::1 first while the broker listens on 127.0.0.1 only.
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .unwrap_or_else(|| panic!("{host}:{} resolves to no address", uri.authority.port))
+}
+
+/// The vhost named by `amqp_url()` (`/` by default); used for `rabbitmqctl -p`.
+pub fn amqp_vhost() -> String {
+    let url = amqp_url();
+    let uri: lapin::uri::AMQPUri = url
+        .parse()
+        .unwrap_or_else(|e| panic!("cannot parse AMQP URL {url:?}: {e}"));
+    uri.vhost
+}
+
+/// A fresh `sy-<test>-<8 hex>` prefix, safe in queue, exchange and connection names.
+pub fn unique_prefix(test: &str) -> String {
+    let mut clean: String = test
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(48)
+        .collect();
+    if clean.is_empty() {
+        clean.push('t');
+    }
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    format!("sy-{clean}-{}", &id[..8])
+}
+
+// ---------------------------------------------------------------------------
+// Polling
+// ---------------------------------------------------------------------------
+
+/// Polls `cond` every ~50 ms until it returns true; panics naming `what` after `timeout`.
+pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if cond().await {
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting until {what}");
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
+
+/// Polls `probe` every ~50 ms until it yields `Some(value)`; panics naming `what` after `timeout`.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// TestBroker
+// ---------------------------------------------------------------------------
+
+/// A message taken from a queue by `TestBroker::get_all`.
+#[derive(Debug, Clone)]
+pub struct Message {
+    /// The payload.
+    pub body: Vec<u8>,
+    /// The AMQP properties, headers included.
+    pub properties: BasicProperties,
+    /// The routing key it was published with.
+    pub routing_key: String,
+    /// The exchange it was published to (`""` for the default exchange).
+    pub exchange: String,
+    /// Whether the broker flagged it as redelivered.
+    pub redelivered: bool,
+}
+
+impl Message {
+    /// The body as UTF-8 (lossy).
+    pub fn body_str(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// The raw value of header `key`, if present.
+    pub fn header(&self, key: &str) -> Option<&AMQPValue> {
+        self.properties
+            .headers()
+            .as_ref()
+            .and_then(|h| h.inner().get(key))
+    }
+
+    /// Header `key` as a string when it is a (long or short) string value.
+    pub fn header_str(&self, key: &str) -> Option<String> {
+        match self.header(key)? {
+            AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+            AMQPValue::ShortString(s) => Some(s.as_str().to_string()),
+            _ => None,
+        }
+    }
+}
+
+/// Builds a `FieldTable` from `(key, value)` pairs, e.g. for queue arguments or headers.
+pub fn field_table<'a>(entries: impl IntoIterator<Item = (&'a str, AMQPValue)>) -> FieldTable {
+    let mut table = FieldTable::default();
+    for (k, v) in entries {
+        table.insert(k.into(), v);
+    }
+    table
+}
+
+/// A long-string `AMQPValue` (the usual type for string headers and arguments).
+pub fn amqp_str(s: &str) -> AMQPValue {
+    AMQPValue::LongString(s.into())
+}
+
+/// A test client: one named connection plus one confirm-mode channel.
+pub struct TestBroker {
+    conn: Connection,
+    channel: Channel,
+    name: String,
+}
+
+impl TestBroker {
+    /// Connects to `amqp_url()`; the connection is named `<prefix>-test`.
+    pub async fn connect(prefix: &str) -> TestBroker {
+        Self::connect_to(&amqp_url(), &format!("{prefix}-test")).await
+    }
+
+    /// Connects to `url` with connection name `connection_name` and opens a confirm channel.
+    pub async fn connect_to(url: &str, connection_name: &str) -> TestBroker {
+        let conn = Connection::connect(
+            url,
+            ConnectionProperties::default().with_connection_name(connection_name.into()),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("connect {connection_name} to {url}: {e}"));
+        let channel = conn
+            .create_channel()
+            .await
+            .unwrap_or_else(|e| panic!("create channel on {connection_name}: {e}"));
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap_or_else(|e| panic!("confirm_select on {connection_name}: {e}"));
+        TestBroker {
+            conn,
+            channel,
+            name: connection_name.to_string(),
+        }
+    }
+
+    /// The underlying lapin connection.
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// The confirm-mode channel used for declares and publishes.
+    pub fn channel(&self) -> &Channel {
+        &self.channel
+    }
+
+    /// The client-provided connection name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Opens a new plain (non-confirm) channel on the connection.
+    pub async fn fresh_channel(&self) -> Channel {
+        self.conn
+            .create_channel()
+            .await
+            .unwrap_or_else(|e| panic!("create channel on {}: {e}", self.name))
+    }
+
+    /// Declares a durable queue with no arguments.
+    pub async fn declare_queue(&self, name: &str) {
+        self.declare_queue_with(name, FieldTable::default()).await
+    }
+
+    /// Declares a durable queue with `args` (e.g. `x-dead-letter-exchange`).
+    pub async fn declare_queue_with(&self, name: &str, args: FieldTable) {
+        self.channel
+            .queue_declare(
+                name.into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..QueueDeclareOptions::default()
+                },
+                args,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("declare queue {name}: {e}"));
+    }
+
+    /// Declares a durable exchange of `kind`.
+    pub async fn declare_exchange(&self, name: &str, kind: ExchangeKind) {
+        self.channel
+            .exchange_declare(
+                name.into(),
+                kind,
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..ExchangeDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("declare exchange {name}: {e}"));
+    }
+
+    /// Binds `queue` to `exchange` with routing key `key`.
+    pub async fn bind(&self, queue: &str, exchange: &str, key: &str) {
+        self.channel
+            .queue_bind(
+                queue.into(),
+                exchange.into(),
+                key.into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("bind {queue} to {exchange} with {key:?}: {e}"));
+    }
+
+    /// Publishes (mandatory) and returns the broker's confirmation, or the lapin error.
+    pub async fn try_publish(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        props: BasicProperties,
+    ) -> lapin::Result<Confirmation> {
+        self.channel
+            .basic_publish(
+                exchange.into(),
+                routing_key.into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                body,
+                props,
+            )
+            .await?
+            .await
+    }
+
+    /// Publishes (mandatory), awaits the confirm and returns it; panics on error.
+    pub async fn publish(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        props: BasicProperties,
+    ) -> Confirmation {
+        self.try_publish(exchange, routing_key, body, props)
+            .await
+            .unwrap_or_else(|e| panic!("publish to {exchange:?}/{routing_key:?}: {e}"))
+    }
+
+    /// Pipelines one mandatory publish per body, then awaits all confirms (panics unless all acked and routed); returns the count.
+    pub async fn publish_many<I, B>(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        bodies: I,
+        props: BasicProperties,
+    ) -> usize
+    where
+        I: IntoIterator<Item = B>,
+        B: AsRef<[u8]>,
+    {
+        let mut pending = Vec::new();
+        for body in bodies {
+            let confirm = self
+                .channel
+                .basic_publish(
+                    exchange.into(),
+                    routing_key.into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..BasicPublishOptions::default()
+                    },
+                    body.as_ref(),
+                    props.clone(),
+                )
+                .await
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "publish #{} to {exchange:?}/{routing_key:?}: {e}",
+                        pending.len()
+                    )
+                });
+            pending.push(confirm);
+        }
+        let count = pending.len();
+        for (i, confirm) in pending.into_iter().enumerate() {
+            match confirm.await {
+                Ok(Confirmation::Ack(None)) => {}
+                Ok(Confirmation::Ack(Some(ret))) => {
+                    panic!("publish #{i} to {exchange:?}/{routing_key:?} was returned: {ret:?}")
+                }
+                Ok(other) => panic!("publish #{i} to {exchange:?}/{routing_key:?}: {other:?}"),
+                Err(e) => panic!("confirm #{i} to {exchange:?}/{routing_key:?}: {e}"),
+            }
+        }
+        count
+    }
+
+    /// Message count of `name` (passive declare on a throwaway channel), `None` if missing.
+    pub async fn try_queue_len(&self, name: &str) -> Option<u32> {
+        let ch = self.fresh_channel().await;
+        let res = ch
+            .queue_declare(
+                name.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await;
+        match res {
+            Ok(queue) => {
+                let _ = ch.close(200, "OK".into()).await;
+                Some(queue.message_count())
+            }
+            Err(e) if is_not_found(&e) => None,
+            Err(e) => panic!("passive declare of queue {name}: {e}"),
+        }
+    }
+
+    /// Message count of `name`; 0 if the queue does not exist.
+    pub async fn queue_len(&self, name: &str) -> u32 {
+        self.try_queue_len(name).await.unwrap_or(0)
+    }
+
+    /// Whether queue `name` exists.
+    pub async fn queue_exists(&self, name: &str) -> bool {
+        self.try_queue_len(name).await.is_some()
+    }
+
+    /// Whether exchange `name` exists (passive declare on a throwaway channel).
+    pub async fn exchange_exists(&self, name: &str) -> bool {
+        let ch = self.fresh_channel().await;
+        let res = ch
+            .exchange_declare(
+                name.into(),
+                ExchangeKind::Direct,
+                ExchangeDeclareOptions {
+                    passive: true,
+                    ..ExchangeDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await;
+        match res {
+            Ok(()) => {
+                let _ = ch.close(200, "OK".into()).await;
+                true
+            }
+            Err(e) if is_not_found(&e) => false,
+            Err(e) => panic!("passive declare of exchange {name}: {e}"),
+        }
+    }
+
+    /// Drains queue `name` with basic_get + ack until empty and returns the messages in order.
+    pub async fn get_all(&self, name: &str) -> Vec<Message> {
+        let ch = self.fresh_channel().await;
+        let mut out = Vec::new();
+        loop {
+            let got = ch
+                .basic_get(name.into(), BasicGetOptions { no_ack: false })
+                .await
+                .unwrap_or_else(|e| panic!("basic_get from {name}: {e}"));
+            let Some(msg) = got else { break };
+            msg.acker
+                .ack(BasicAckOptions::default())
+                .await
+                .unwrap_or_else(|e| panic!("ack message from {name}: {e}"));
+            let delivery = msg.delivery;
+            out.push(Message {
+                body: delivery.data,
+                properties: delivery.properties,
+                routing_key: delivery.routing_key.as_str().to_string(),
+                exchange: delivery.exchange.as_str().to_string(),
+                redelivered: delivery.redelivered,
+            });
+        }
+        let _ = ch.close(200, "OK".into()).await;
+        out
+    }
+
+    /// Polls `queue_len(name)` until it equals `n`; panics with the last count after `timeout`.
+    pub async fn await_count(&self, name: &str, n: u32, timeout: Duration) {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let len = self.try_queue_len(name).await;
+            if len == Some(n) {
+                return;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                match len {
+                    Some(len) => panic!(
+                        "timed out after {timeout:?} waiting for queue {name} to hold {n} \
+                         messages: it holds {len}"
+                    ),
+                    None => panic!(
+                        "timed out after {timeout:?} waiting for queue {name} to hold {n} \
+                         messages: the queue does not exist"
+                    ),
+                }
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+    }
+
+    /// Deletes queue `name` (on a fresh channel) and returns how many messages it held.
+    pub async fn delete_queue(&self, name: &str) -> u32 {
+        let ch = self.fresh_channel().await;
+        let n = ch
+            .queue_delete(name.into(), QueueDeleteOptions::default())
+            .await
+            .unwrap_or_else(|e| panic!("delete queue {name}: {e}"));
+        let _ = ch.close(200, "OK".into()).await;
+        n
+    }
+
+    /// Deletes exchange `name` (on a fresh channel).
+    pub async fn delete_exchange(&self, name: &str) {
+        let ch = self.fresh_channel().await;
+        ch.exchange_delete(name.into(), ExchangeDeleteOptions::default())
+            .await
+            .unwrap_or_else(|e| panic!("delete exchange {name}: {e}"));
+        let _ = ch.close(200, "OK".into()).await;
+    }
+
+    /// Deletes the given queues and exchanges, each on a fresh channel, ignoring failures.
+    pub async fn cleanup(&self, queues: &[&str], exchanges: &[&str]) {
+        for q in queues {
+            if let Ok(ch) = self.conn.create_channel().await
+                && ch
+                    .queue_delete((*q).into(), QueueDeleteOptions::default())
+                    .await
+                    .is_ok()
+            {
+                let _ = ch.close(200, "OK".into()).await;
+            }
+        }
+        for x in exchanges {
+            if let Ok(ch) = self.conn.create_channel().await
+                && ch
+                    .exchange_delete((*x).into(), ExchangeDeleteOptions::default())
+                    .await
+                    .is_ok()
+            {
+                let _ = ch.close(200, "OK".into()).await;
+            }
+        }
+    }
+
+    /// Closes the channel and the connection (errors ignored: it may already be gone).
+    pub async fn close(self) {
+        let _ = self.channel.close(200, "OK".into()).await;
+        let _ = self.conn.close(200, "OK".into()).await;
+    }
+}
+
+/// Whether a lapin error is the broker's 404 NOT_FOUND.
+pub fn is_not_found(err: &lapin::Error) -> bool {
+    matches!(err.kind(), lapin::ErrorKind::ProtocolError(e) if e.get_id() == 404)
+}
+
+// ---------------------------------------------------------------------------
+// rabbitmqctl
+// ---------------------------------------------------------------------------
+
+/// Runs `rabbitmqctl <args>` on a blocking thread; returns stdout, panics on failure.
+pub async fn rabbitmqctl(args: &[&str]) -> String {
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        let out = Command::new("rabbitmqctl")
+            .args(&args)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run rabbitmqctl {args:?}: {e}"));
+        if !out.status.success() {
+            panic!(
+                "rabbitmqctl {args:?} failed ({}): {}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    })
+    .await
+    .expect("rabbitmqctl task panicked")
+}
+
+/// Names of the queues in the test vhost that start with `prefix` (`rabbitmqctl list_queues`).
+pub async fn rabbitmq_queues_with_prefix(prefix: &str) -> Vec<String> {
+    let vhost = amqp_vhost();
+    let out = rabbitmqctl(&["list_queues", "-p", &vhost, "--silent", "name"]).await;
+    lines_with_prefix(&out, prefix)
+}
+
+/// Names of the exchanges in the test vhost that start with `prefix` (`rabbitmqctl list_exchanges`).
+pub async fn rabbitmq_exchanges_with_prefix(prefix: &str) -> Vec<String> {
+    let vhost = amqp_vhost();
+    let out = rabbitmqctl(&["list_exchanges", "-p", &vhost, "--silent", "name"]).await;
+    lines_with_prefix(&out, prefix)
+}
+
+fn lines_with_prefix(out: &str, prefix: &str) -> Vec<String> {
+    let mut names: Vec<String> = out
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && l.starts_with(prefix))
+        .map(str::to_string)
+        .collect();
+    names.sort();
+    names
+}
+
+/// Deletes every queue and exchange whose name starts with `prefix`; returns how many.
+pub async fn delete_all_with_prefix(prefix: &str) -> usize {
+    let queues = rabbitmq_queues_with_prefix(prefix).await;
+    let exchanges = rabbitmq_exchanges_with_prefix(prefix).await;
+    if queues.is_empty() && exchanges.is_empty() {
+        return 0;
+    }
+    let broker = TestBroker::connect_to(&amqp_url(), &format!("{prefix}-cleanup")).await;
+    let q: Vec<&str> = queues.iter().map(String::as_str).collect();
+    let x: Vec<&str> = exchanges.iter().map(String::as_str).collect();
+    broker.cleanup(&q, &x).await;
+    broker.close().await;
+    queues.len() + exchanges.len()
+}
+
+/// One row of `rabbitmqctl list_connections pid client_properties`.
+#[derive(Debug, Clone)]
+pub struct BrokerConnection {
+    /// The connection's Erlang pid, as `close_connection` takes it.
+    pub pid: String,
+    /// The client-provided `connection_name`, if the client sent one.
+    pub name: Option<String>,
+}
+
+/// Every connection on the broker with its client-provided name (`rabbitmqctl list_connections`).
+pub async fn broker_connections() -> Vec<BrokerConnection> {
+    let out = rabbitmqctl(&["list_connections", "--silent", "pid", "client_properties"]).await;
+    out.lines()
+        .filter_map(|line| {
+            let (pid, props) = line.split_once('\t')?;
+            let pid = pid.trim();
+            if !pid.starts_with('<') {
+                return None;
+            }
+            Some(BrokerConnection {
+                pid: pid.to_string(),
+                name: parse_connection_name(props),
+            })
+        })
+        .collect()
+}
+
+/// Client-provided names of all connections on the broker (unnamed ones are skipped).
+pub async fn connection_names() -> Vec<String> {
+    broker_connections()
+        .await
+        .into_iter()
+        .filter_map(|c| c.name)
+        .collect()
+}
+
+/// Closes (`rabbitmqctl close_connection`) every connection whose name contains `fragment`; returns how many.
+pub async fn close_connections_named(fragment: &str) -> usize {
+    let mut closed = 0;
+    for conn in broker_connections().await {
+        if conn.name.as_deref().is_some_and(|n| n.contains(fragment)) {
+            rabbitmqctl(&["close_connection", &conn.pid, "test fault"]).await;
+            closed += 1;
+        }
+    }
+    closed
+}
+
+/// Extracts `connection_name` from rabbitmqctl's Erlang-ish rendering of client_properties,
+/// e.g. `[...,{"connection_name","my-name"},...]`.
+fn parse_connection_name(props: &str) -> Option<String> {
+    const KEY: &str = "{\"connection_name\",\"";
+    let start = props.find(KEY)? + KEY.len();
+    let mut name = String::new();
+    let mut chars = props[start..].chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => name.push(chars.next()?),
+            '"' => return Some(name),
+            c => name.push(c),
+        }
+    }
+    None
+}
+
+// ---------------------------------------------------------------------------
+// FaultProxy
+// ---------------------------------------------------------------------------
+
+struct ProxyShared {
+    upstream: SocketAddr,
+    stalled: watch::Sender<bool>,
+    refuse: AtomicBool,
+    next_id: AtomicU64,
+    conns: Mutex<HashMap<u64, Arc<Notify>>>,
+}
+
+impl ProxyShared {
+    fn kill_all(&self) -> usize {
+        let kills: Vec<Arc<Notify>> = self
+            .conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for k in &kills {
+            k.notify_one();
+        }
+        kills.len()
+    }
+}
+
+/// Removes a proxied connection from the registry when its task ends or is dropped.
+struct ConnGuard {
+    shared: Arc<ProxyShared>,
+    id: u64,
+}
+
+impl Drop for ConnGuard {
+    fn drop(&mut self) {
+        self.shared
+            .conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.id);
+    }
+}
+
+/// An in-process TCP proxy in front of the broker that can stall, cut and refuse connections.
+pub struct FaultProxy {
+    addr: SocketAddr,
+    shared: Arc<ProxyShared>,
+    accept_task: JoinHandle<()>,
+}
+
+impl FaultProxy {
+    /// Starts a proxy on 127.0.0.1:<ephemeral> forwarding to `upstream`.
+    pub async fn start(upstream: SocketAddr) -> FaultProxy {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind fault proxy");
+        let addr = listener.local_addr().expect("fault proxy local addr");
+        let (stalled, _) = watch::channel(false);
+        let shared = Arc::new(ProxyShared {
+            upstream,
+            stalled,
+            refuse: AtomicBool::new(false),
+            next_id: AtomicU64::new(0),
+            conns: Mutex::new(HashMap::new()),
+        });
+        let accept_task = tokio::spawn(accept_loop(listener, shared.clone()));
+        FaultProxy {
+            addr,
+            shared,
+            accept_task,
+        }
+    }
+
+    /// The proxy's listening address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The proxy's listening port.
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// `amqp://guest:guest@127.0.0.1:<port>/%2f`: the broker, through the proxy.
+    pub fn amqp_url(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port())
+    }
+
+    /// Holds all bytes in both directions from now on (connections stay open, peers see silence).
+    pub fn stall(&self) {
+        self.shared.stalled.send_replace(true);
+    }
+
+    /// Releases held bytes and resumes forwarding.
+    pub fn resume(&self) {
+        self.shared.stalled.send_replace(false);
+    }
+
+    /// Whether the proxy is currently stalled.
+    pub fn is_stalled(&self) -> bool {
+        *self.shared.stalled.borrow()
+    }
+
+    /// Abruptly closes (RST) both sides of every current connection and returns how many; new ones are still accepted.
+    pub fn cut(&self) -> usize {
+        self.shared.kill_all()
+    }
+
+    /// While `on`, new connections are accepted and immediately closed.
+    pub fn refuse(&self, on: bool) {
+        self.shared.refuse.store(on, Ordering::SeqCst);
+    }
+
+    /// Number of live proxied connections.
+    pub fn connections(&self) -> usize {
+        self.shared
+            .conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.accept_task.abort();
+        self.shared.kill_all();
+        // Release anything held so no task waits on a stall forever.
+        self.shared.stalled.send_replace(false);
+    }
+}
+
+async fn accept_loop(listener: TcpListener, shared: Arc<ProxyShared>) {
+    loop {
+        let (client, _) = match listener.accept().await {
+            Ok(pair) => pair,
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        if shared.refuse.load(Ordering::SeqCst) {
+            drop(client);
+            continue;
+        }
+        let id = shared.next_id.fetch_add(1, Ordering::SeqCst);
+        let kill = Arc::new(Notify::new());
+        shared
+            .conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, kill.clone());
+        let guard = ConnGuard {
+            shared: shared.clone(),
+            id,
+        };
+        tokio::spawn(proxy_connection(client, shared.clone(), kill, guard));
+    }
+}
+
+async fn proxy_connection(
+    mut client: TcpStream,
+    shared: Arc<ProxyShared>,
+    kill: Arc<Notify>,
+    _guard: ConnGuard,
+) {
+    let _ = client.set_nodelay(true);
+    let mut upstream = tokio::select! {
+        res = TcpStream::connect(shared.upstream) => match res {
+            Ok(s) => s,
+            Err(_) => return,
+        },
+        _ = kill.notified() => {
+            let _ = client.set_zero_linger();
+            return;
+        }
+    };
+    let _ = upstream.set_nodelay(true);
+    let killed = {
+        let (cr, cw) = client.split();
+        let (ur, uw) = upstream.split();
+        tokio::select! {
+            _ = pump(cr, uw, shared.stalled.subscribe()) => false,
+            _ = pump(ur, cw, shared.stalled.subscribe()) => false,
+            _ = kill.notified() => true,
+        }
+    };
+    if killed {
+        // Abortive close: the peers see a reset, not an orderly shutdown.
+        let _ = client.set_zero_linger();
+        let _ = upstream.set_zero_linger();
+    }
+}
+
+/// Copies bytes from `r` to `w`, holding them while the proxy is stalled.
+async fn pump<R, W>(mut r: R, mut w: W, mut stalled: watch::Receiver<bool>)
+where
+    R: AsyncReadExt + Unpin,
+    W: AsyncWriteExt + Unpin,
+{
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match r.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if stalled.wait_for(|s| !*s).await.is_err() {
+            break;
+        }
+        if w.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+    let _ = w.shutdown().await;
+}

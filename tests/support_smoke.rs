@@ -1,0 +1,405 @@
+//! Real-broker smoke tests for the shared integration-test support module.
+
+mod support;
+
+use std::time::Duration;
+
+use lapin::options::BasicPublishOptions;
+use lapin::types::AMQPValue;
+use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties, ExchangeKind};
+use support::*;
+
+#[tokio::test]
+async fn wait_helpers_poll_until_ready() {
+    let mut polls = 0u32;
+    let got = wait_for("the fifth poll", Duration::from_secs(5), || {
+        polls += 1;
+        let ready = polls >= 5;
+        async move { ready.then_some(polls) }
+    })
+    .await;
+    assert_eq!(got, 5);
+
+    let start = tokio::time::Instant::now();
+    wait_until(
+        "200 ms have passed",
+        Duration::from_secs(5),
+        || async move { start.elapsed() >= Duration::from_millis(200) },
+    )
+    .await;
+    assert!(start.elapsed() >= Duration::from_millis(200));
+
+    let a = unique_prefix("same test/name");
+    let b = unique_prefix("same test/name");
+    assert_ne!(a, b);
+    assert!(a.starts_with("sy-same-test-name-"), "{a}");
+    assert!(
+        a.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
+        "{a}"
+    );
+}
+
+#[tokio::test]
+#[should_panic(expected = "the impossible")]
+async fn wait_until_panics_naming_the_condition() {
+    wait_until("the impossible", Duration::from_millis(150), || async {
+        false
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn publish_get_roundtrip_keeps_properties_and_headers() {
+    let prefix = unique_prefix("roundtrip");
+    let broker = TestBroker::connect(&prefix).await;
+    let exchange = format!("{prefix}-x");
+    let queue = format!("{prefix}-q");
+    broker
+        .declare_exchange(&exchange, ExchangeKind::Direct)
+        .await;
+    broker.declare_queue(&queue).await;
+    broker.bind(&queue, &exchange, "route-a").await;
+    assert!(broker.queue_exists(&queue).await);
+    assert!(broker.exchange_exists(&exchange).await);
+    assert!(!broker.queue_exists(&format!("{prefix}-missing")).await);
+    assert_eq!(
+        broker.try_queue_len(&format!("{prefix}-missing")).await,
+        None
+    );
+
+    let headers = field_table([
+        ("x-origin", amqp_str("smoke")),
+        ("x-attempt", AMQPValue::LongInt(3)),
+    ]);
+    let props = BasicProperties::default()
+        .with_content_type("application/json".into())
+        .with_message_id("m-1".into())
+        .with_correlation_id("c-1".into())
+        .with_delivery_mode(2)
+        .with_priority(4)
+        .with_headers(headers);
+    let confirmation = broker
+        .publish(&exchange, "route-a", br#"{"n":1}"#, props)
+        .await;
+    assert_eq!(confirmation, Confirmation::Ack(None));
+
+    // mandatory=true: an unroutable publish is acked *and* returned.
+    let unroutable = broker
+        .publish(
+            &exchange,
+            "no-such-route",
+            b"lost",
+            BasicProperties::default(),
+        )
+        .await;
+    assert!(unroutable.is_ack());
+    let returned = unroutable
+        .take_message()
+        .expect("mandatory publish to an unbound key must be returned");
+    assert_eq!(returned.delivery.data, b"lost");
+
+    broker.await_count(&queue, 1, DEFAULT_TIMEOUT).await;
+    let msgs = broker.get_all(&queue).await;
+    assert_eq!(msgs.len(), 1);
+    let m = &msgs[0];
+    assert_eq!(m.body, br#"{"n":1}"#);
+    assert_eq!(m.body_str(), r#"{"n":1}"#);
+    assert_eq!(m.exchange, exchange);
+    assert_eq!(m.routing_key, "route-a");
+    assert!(!m.redelivered);
+    assert_eq!(
+        m.properties.content_type().as_ref().map(|s| s.as_str()),
+        Some("application/json")
+    );
+    assert_eq!(
+        m.properties.message_id().as_ref().map(|s| s.as_str()),
+        Some("m-1")
+    );
+    assert_eq!(
+        m.properties.correlation_id().as_ref().map(|s| s.as_str()),
+        Some("c-1")
+    );
+    assert_eq!(*m.properties.delivery_mode(), Some(2));
+    assert_eq!(*m.properties.priority(), Some(4));
+    assert_eq!(m.header_str("x-origin").as_deref(), Some("smoke"));
+    assert_eq!(m.header("x-attempt"), Some(&AMQPValue::LongInt(3)));
+    assert_eq!(broker.queue_len(&queue).await, 0, "get_all drains and acks");
+
+    broker.cleanup(&[&queue], &[&exchange]).await;
+    assert!(!broker.queue_exists(&queue).await);
+    assert!(!broker.exchange_exists(&exchange).await);
+    // Cleaning up what is already gone is fine.
+    broker.cleanup(&[&queue], &[&exchange]).await;
+    broker.close().await;
+}
+
+#[tokio::test]
+async fn publish_many_loads_a_thousand_messages() {
+    let prefix = unique_prefix("bulk");
+    let broker = TestBroker::connect(&prefix).await;
+    let queue = format!("{prefix}-q");
+    broker.declare_queue(&queue).await;
+
+    let bodies = (0..1000).map(|i| format!("msg-{i:04}").into_bytes());
+    let n = broker
+        .publish_many("", &queue, bodies, BasicProperties::default())
+        .await;
+    assert_eq!(n, 1000);
+    broker.await_count(&queue, 1000, DEFAULT_TIMEOUT).await;
+
+    let msgs = broker.get_all(&queue).await;
+    assert_eq!(msgs.len(), 1000);
+    for (i, m) in msgs.iter().enumerate() {
+        assert_eq!(m.body_str(), format!("msg-{i:04}"), "order is kept");
+        assert_eq!(m.routing_key, queue);
+    }
+    assert_eq!(broker.delete_queue(&queue).await, 0);
+    assert!(!broker.queue_exists(&queue).await);
+    broker.close().await;
+}
+
+#[tokio::test]
+async fn await_count_reports_the_actual_count() {
+    let prefix = unique_prefix("await-count");
+    let broker = TestBroker::connect(&prefix).await;
+    let queue = format!("{prefix}-q");
+    broker.declare_queue(&queue).await;
+    broker
+        .publish_many("", &queue, [b"a", b"b"], BasicProperties::default())
+        .await;
+
+    let result = {
+        let fut = broker.await_count(&queue, 3, Duration::from_millis(300));
+        futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(fut)).await
+    };
+    let panic = result.expect_err("await_count must panic when the count is not reached");
+    let msg = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(msg.contains(&queue) && msg.contains("it holds 2"), "{msg}");
+
+    broker.cleanup(&[&queue], &[]).await;
+    broker.close().await;
+}
+
+#[tokio::test]
+async fn catch_all_cleanup_finds_and_deletes_by_prefix() {
+    let prefix = unique_prefix("catch-all");
+    let broker = TestBroker::connect(&prefix).await;
+    let queues = [format!("{prefix}-a"), format!("{prefix}-b")];
+    let exchange = format!("{prefix}-x");
+    for q in &queues {
+        broker.declare_queue(q).await;
+    }
+    broker
+        .declare_exchange(&exchange, ExchangeKind::Fanout)
+        .await;
+
+    assert_eq!(rabbitmq_queues_with_prefix(&prefix).await, queues.to_vec());
+    assert_eq!(
+        rabbitmq_exchanges_with_prefix(&prefix).await,
+        vec![exchange.clone()]
+    );
+    assert_eq!(delete_all_with_prefix(&prefix).await, 3);
+    assert!(rabbitmq_queues_with_prefix(&prefix).await.is_empty());
+    assert!(rabbitmq_exchanges_with_prefix(&prefix).await.is_empty());
+    assert!(!broker.exchange_exists(&exchange).await);
+    broker.close().await;
+}
+
+#[tokio::test]
+async fn fault_proxy_stall_holds_confirms_until_resume() {
+    let prefix = unique_prefix("proxy-stall");
+    let direct = TestBroker::connect(&prefix).await;
+    let queue = format!("{prefix}-q");
+    direct.declare_queue(&queue).await;
+
+    let proxy = FaultProxy::start(amqp_addr()).await;
+    let proxied = TestBroker::connect_to(&proxy.amqp_url(), &format!("{prefix}-proxied")).await;
+    assert_eq!(proxy.connections(), 1);
+    assert!(
+        proxy
+            .amqp_url()
+            .ends_with(&format!(":{}/%2f", proxy.port()))
+    );
+
+    // Pass-through works.
+    let ack = proxied
+        .publish("", &queue, b"before", BasicProperties::default())
+        .await;
+    assert_eq!(ack, Confirmation::Ack(None));
+    direct.await_count(&queue, 1, DEFAULT_TIMEOUT).await;
+
+    proxy.stall();
+    assert!(proxy.is_stalled());
+    let confirm = proxied
+        .channel()
+        .basic_publish(
+            "".into(),
+            queue.as_str().into(),
+            BasicPublishOptions::default(),
+            b"during-stall",
+            BasicProperties::default(),
+        )
+        .await
+        .expect("publish frames are accepted locally while stalled");
+    tokio::pin!(confirm);
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), confirm.as_mut())
+            .await
+            .is_err(),
+        "no confirm may arrive while the proxy is stalled"
+    );
+    assert_eq!(
+        direct.queue_len(&queue).await,
+        1,
+        "the broker never saw the stalled publish"
+    );
+    assert_eq!(proxy.connections(), 1, "a stall keeps the connection open");
+
+    proxy.resume();
+    let confirmation = tokio::time::timeout(DEFAULT_TIMEOUT, confirm)
+        .await
+        .expect("confirm arrives after resume")
+        .expect("confirm succeeds after resume");
+    assert_eq!(confirmation, Confirmation::Ack(None));
+    direct.await_count(&queue, 2, DEFAULT_TIMEOUT).await;
+    let bodies: Vec<String> = direct
+        .get_all(&queue)
+        .await
+        .iter()
+        .map(|m| m.body_str())
+        .collect();
+    assert_eq!(bodies, ["before", "during-stall"]);
+
+    proxied.close().await;
+    wait_until(
+        "the proxied connection is gone",
+        DEFAULT_TIMEOUT,
+        || async { proxy.connections() == 0 },
+    )
+    .await;
+    direct.cleanup(&[&queue], &[]).await;
+    direct.close().await;
+}
+
+#[tokio::test]
+async fn fault_proxy_cut_breaks_connections_but_accepts_new_ones() {
+    let prefix = unique_prefix("proxy-cut");
+    let direct = TestBroker::connect(&prefix).await;
+    let queue = format!("{prefix}-q");
+    direct.declare_queue(&queue).await;
+
+    let proxy = FaultProxy::start(amqp_addr()).await;
+    let victim = TestBroker::connect_to(&proxy.amqp_url(), &format!("{prefix}-victim")).await;
+    assert!(
+        victim
+            .publish("", &queue, b"one", BasicProperties::default())
+            .await
+            .is_ack()
+    );
+    assert_eq!(proxy.connections(), 1);
+
+    assert_eq!(proxy.cut(), 1);
+    wait_until(
+        "the cut connection reports failure",
+        DEFAULT_TIMEOUT,
+        || async { !victim.connection().status().connected() },
+    )
+    .await;
+    let after_cut = victim
+        .try_publish("", &queue, b"lost", BasicProperties::default())
+        .await;
+    assert!(
+        after_cut.is_err(),
+        "publish on a cut connection must fail: {after_cut:?}"
+    );
+    wait_until(
+        "the proxy forgets the cut connection",
+        DEFAULT_TIMEOUT,
+        || async { proxy.connections() == 0 },
+    )
+    .await;
+
+    let fresh = TestBroker::connect_to(&proxy.amqp_url(), &format!("{prefix}-fresh")).await;
+    assert_eq!(proxy.connections(), 1);
+    assert_eq!(
+        fresh
+            .publish("", &queue, b"two", BasicProperties::default())
+            .await,
+        Confirmation::Ack(None)
+    );
+    direct.await_count(&queue, 2, DEFAULT_TIMEOUT).await;
+
+    fresh.close().await;
+    drop(victim);
+    direct.cleanup(&[&queue], &[]).await;
+    direct.close().await;
+}
+
+#[tokio::test]
+async fn fault_proxy_refuse_rejects_new_connections_only_while_on() {
+    let prefix = unique_prefix("proxy-refuse");
+    let proxy = FaultProxy::start(amqp_addr()).await;
+    let existing = TestBroker::connect_to(&proxy.amqp_url(), &format!("{prefix}-existing")).await;
+
+    proxy.refuse(true);
+    let refused = tokio::time::timeout(
+        DEFAULT_TIMEOUT,
+        Connection::connect(
+            &proxy.amqp_url(),
+            ConnectionProperties::default().with_connection_name(format!("{prefix}-r").into()),
+        ),
+    )
+    .await
+    .expect("a refused connect fails promptly, it does not hang");
+    assert!(refused.is_err(), "connect must fail while refusing");
+    assert_eq!(proxy.connections(), 1, "only the pre-existing connection");
+    assert!(
+        existing.connection().status().connected(),
+        "refuse leaves existing connections alone"
+    );
+
+    proxy.refuse(false);
+    let again = TestBroker::connect_to(&proxy.amqp_url(), &format!("{prefix}-again")).await;
+    assert!(again.connection().status().connected());
+    assert_eq!(proxy.connections(), 2);
+    again.close().await;
+    existing.close().await;
+}
+
+#[tokio::test]
+async fn close_connections_named_closes_only_the_named_connection() {
+    let prefix = unique_prefix("ctl-close");
+    let bystander = TestBroker::connect(&prefix).await;
+    let victim_name = format!("{prefix}-victim");
+    let victim = TestBroker::connect_to(&amqp_url(), &victim_name).await;
+    let queue = format!("{prefix}-q");
+    bystander.declare_queue(&queue).await;
+
+    let names = connection_names().await;
+    assert!(names.contains(&victim_name), "{names:?}");
+    assert!(names.contains(&bystander.name().to_string()), "{names:?}");
+
+    assert_eq!(close_connections_named(&victim_name).await, 1);
+    wait_until("the closed connection notices", DEFAULT_TIMEOUT, || async {
+        !victim.connection().status().connected()
+    })
+    .await;
+    let res = victim
+        .try_publish("", &queue, b"x", BasicProperties::default())
+        .await;
+    assert!(res.is_err(), "publish on a closed connection: {res:?}");
+    assert!(!connection_names().await.contains(&victim_name));
+    assert_eq!(close_connections_named(&victim_name).await, 0);
+
+    assert!(bystander.connection().status().connected());
+    assert!(
+        bystander
+            .publish("", &queue, b"still-fine", BasicProperties::default())
+            .await
+            .is_ack()
+    );
+    bystander.await_count(&queue, 1, DEFAULT_TIMEOUT).await;
+    bystander.cleanup(&[&queue], &[]).await;
+    bystander.close().await;
+}
