@@ -86,10 +86,19 @@ fn dispatch(forwarder: &Forwarder, tracker: &TaskTracker, envelope: Envelope, re
         return;
     }
     let started = deliver::start(&envelope, plans, &forwarder.publishers);
+    let abandon = forwarder.abandon.clone();
     telemetry::in_flight(1);
     tracker.spawn(async move {
-        let outcome = started.finish().await;
-        settler.settle(&envelope, receipt, outcome.verdict()).await;
+        let transaction = async {
+            let outcome = started.finish().await;
+            settler.settle(&envelope, receipt, outcome.verdict()).await;
+        };
+        // Abandoned at the shutdown bound: dropping the receipt requeues the message.
+        tokio::select! {
+            biased;
+            () = abandon.cancelled() => {}
+            () = transaction => {}
+        }
         telemetry::in_flight(-1);
     });
 }

@@ -48,6 +48,9 @@ pub struct Forwarder {
     /// Kept so the routing channel stays open; reload publishes through it.
     _routing_source: watch::Sender<Arc<RoutingTable>>,
     publishers_stop: CancellationToken,
+    /// Cancelled when the shutdown bound is reached: unfinished transactions
+    /// drop their receipts, which requeues their messages.
+    abandon: CancellationToken,
 }
 
 impl Forwarder {
@@ -107,6 +110,7 @@ impl Forwarder {
             routing,
             _routing_source: routing_source,
             publishers_stop,
+            abandon: CancellationToken::new(),
         }
     }
 
@@ -124,6 +128,8 @@ impl Forwarder {
                 bound_ms = bound.as_millis() as u64,
                 "shutdown bound reached; unfinished messages go back to the queue"
             );
+            self.abandon.cancel();
+            tracker.wait().await;
         }
         if let Some(session) = session {
             session.close().await;
