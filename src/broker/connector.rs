@@ -18,6 +18,8 @@ use tokio::time::{Instant, timeout};
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const BACKOFF_FIRST: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// Bound on a graceful close at shutdown; past it the socket is dropped.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What a connection is for; consuming and publishing never share one, so a
 /// blocked publisher connection cannot hold up acks.
@@ -169,11 +171,7 @@ impl Connector {
         if let Some(c) = connection
             && c.status().connected()
         {
-            let _ = timeout(
-                Duration::from_secs(5),
-                c.close(200, "switchyard: shutdown".into()),
-            )
-            .await;
+            let _ = timeout(CLOSE_TIMEOUT, c.close(200, "switchyard: shutdown".into())).await;
         }
     }
 }

@@ -126,9 +126,14 @@ mod tests {
             [[filter_table]]
             filter = "all"
         "#;
-        let tree = File::from_str(toml, FileFormat::Toml).collect().unwrap_or_default();
+        let tree = File::from_str(toml, FileFormat::Toml)
+            .collect()
+            .unwrap_or_default();
         let vars = [
-            ("SWITCHYARD__ENDPOINTS__PRIMARYSERVICEQUEUE__CONFIRM_TIMEOUT_MS", "7"),
+            (
+                "SWITCHYARD__ENDPOINTS__PRIMARYSERVICEQUEUE__CONFIRM_TIMEOUT_MS",
+                "7",
+            ),
             ("SWITCHYARD__BROKERS__MAIN__URI", "amqp://h"),
             ("SWITCHYARD__FILTER_TABLE__0__PRIORITY", "3"),
             ("SWITCHYARD_CONFIG", "ignored.toml"),
@@ -139,7 +144,10 @@ mod tests {
         assert_eq!(
             found,
             [
-                ("endpoints.primaryServiceQueue.confirm_timeout_ms".to_owned(), "7".to_owned()),
+                (
+                    "endpoints.primaryServiceQueue.confirm_timeout_ms".to_owned(),
+                    "7".to_owned()
+                ),
                 ("brokers.main.uri".to_owned(), "amqp://h".to_owned()),
                 ("filter_table[0].priority".to_owned(), "3".to_owned()),
             ]

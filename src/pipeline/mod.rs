@@ -135,10 +135,11 @@ impl Forwarder {
             session.close().await;
         }
         self.publishers_stop.cancel();
-        self.consume_connector.close().await;
-        for connector in self.publish_connectors.values() {
-            connector.close().await;
-        }
+        // Concurrently: a stalled broker must not add its close timeout to every other's.
+        let closes = std::iter::once(&self.consume_connector)
+            .chain(self.publish_connectors.values())
+            .map(|c| c.close());
+        futures_util::future::join_all(closes).await;
         tracing::info!("stopped");
         Ok(())
     }
