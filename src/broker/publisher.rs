@@ -4,10 +4,8 @@
 //! many stay in flight at once. Every copy carries `x-switchyard-publish-id`
 //! so a `basic.return` is attributed to the publish it names, whichever
 //! confirm lapin happened to attach it to: a confirm is a delivery only when
-//! it is an ack and no return names its publish. Confirms that resolve
-//! together (one multiple-ack frame) are collected as one batch before any
-//! outcome is decided, so a return carried by a sibling confirm is always
-//! seen first.
+//! it is an ack and no return names its publish (see `Actor::harvest` for
+//! why that needs a fence on lapin's acknowledgement lock).
 
 use super::connector::Connector;
 use super::{AmqpValue, ShortString};
@@ -145,7 +143,9 @@ impl Publisher {
     }
 }
 
-type InFlight = Pin<Box<dyn Future<Output = (u64, lapin::Result<Confirmation>)> + Send>>;
+/// One publish's confirm: its id, the channel it went out on, the result.
+type Confirmed = (u64, Channel, lapin::Result<Confirmation>);
+type InFlight = Pin<Box<dyn Future<Output = Confirmed> + Send>>;
 
 struct Waiter {
     reply: oneshot::Sender<Result<(), PublishFailure>>,
@@ -177,8 +177,7 @@ impl Actor {
                 biased;
                 () = self.stop.cancelled() => break,
                 Some(first) = in_flight.next(), if !in_flight.is_empty() => {
-                    let batch = collect_batch(first, &mut in_flight).await;
-                    self.settle(batch);
+                    self.harvest(first, &mut in_flight);
                 }
                 command = self.rx.recv(), if open => match command {
                     Some(Command::Publish(request)) => self.start(request, &mut in_flight).await,
@@ -208,19 +207,20 @@ impl Actor {
         let properties = self.properties(&request);
         let (exchange, routing_key) = (self.exchange.clone(), self.routing_key.clone());
         let envelope = request.envelope;
+        let publishing = channel.clone();
         let mut publish: InFlight = Box::pin(async move {
             let options = BasicPublishOptions {
                 mandatory: true,
                 immediate: false,
             };
-            let result = match channel
+            let result = match publishing
                 .basic_publish(exchange, routing_key, options, &envelope.body, properties)
                 .await
             {
                 Ok(confirm) => confirm.await,
                 Err(e) => Err(e),
             };
-            (id, result)
+            (id, channel, result)
         });
         self.waiting.insert(
             id,
@@ -232,7 +232,7 @@ impl Actor {
         // The first poll assigns the delivery tag and queues the frames, so
         // publishes leave in call order without awaiting each one.
         match std::future::poll_fn(|cx| Poll::Ready(publish.as_mut().poll(cx))).await {
-            Poll::Ready(done) => self.settle(vec![done]),
+            Poll::Ready(done) => self.harvest(done, in_flight),
             Poll::Pending => in_flight.push(publish),
         }
     }
@@ -290,32 +290,48 @@ impl Actor {
         }
     }
 
-    /// Decides the outcome of every confirm in `batch`. Returns are
-    /// attributed first, by the publish id they carry, so an ack whose
-    /// publish was returned is reported as returned.
-    fn settle(&mut self, batch: Vec<(u64, lapin::Result<Confirmation>)>) {
-        let mut outcomes = Vec::with_capacity(batch.len());
-        for (id, result) in batch {
-            let outcome = match result {
-                Ok(Confirmation::Ack(returned)) => {
-                    self.attribute(returned, id);
-                    Ok(())
+    /// Decides the outcome of `first` and of every other confirm that
+    /// resolved with it.
+    ///
+    /// lapin attaches a return to whichever confirm it resolves next, and
+    /// resolves all confirms of one multiple-ack frame in one walk under its
+    /// acknowledgement lock. A return can therefore ride on a sibling of its
+    /// own publish. So: collect what is ready, pass the lock once (the
+    /// fence: any walk in progress has then finished and woken every
+    /// sibling), collect again, attribute every return seen, and only then
+    /// decide the confirms collected before the fence. Those collected after
+    /// it wait for the next fence.
+    fn harvest(&mut self, first: Confirmed, in_flight: &mut FuturesUnordered<InFlight>) {
+        let mut batch = vec![first];
+        drain_ready(in_flight, &mut batch);
+        loop {
+            fence(&batch);
+            let mut late = Vec::new();
+            drain_ready(in_flight, &mut late);
+            for (id, _, result) in batch.iter_mut().chain(late.iter_mut()) {
+                if let Ok(Confirmation::Ack(returned) | Confirmation::Nack(returned)) = result {
+                    self.attribute(returned.take(), *id);
                 }
-                Ok(Confirmation::Nack(returned)) => {
-                    self.attribute(returned, id);
-                    Err(PublishFailure::Nacked)
-                }
-                Ok(Confirmation::NotRequested) => Err(PublishFailure::Channel(
+            }
+            self.decide(batch);
+            if late.is_empty() {
+                return;
+            }
+            batch = late;
+        }
+    }
+
+    /// Sends each publisher its outcome; returns were attributed already.
+    fn decide(&mut self, batch: Vec<Confirmed>) {
+        for (id, _, result) in batch {
+            let outcome = match (self.returned.remove(&id), result) {
+                (Some(returned), _) => Err(returned),
+                (None, Ok(Confirmation::Ack(_))) => Ok(()),
+                (None, Ok(Confirmation::Nack(_))) => Err(PublishFailure::Nacked),
+                (None, Ok(Confirmation::NotRequested)) => Err(PublishFailure::Channel(
                     "channel is not in confirm mode".to_owned(),
                 )),
-                Err(e) => Err(PublishFailure::Channel(e.to_string())),
-            };
-            outcomes.push((id, outcome));
-        }
-        for (id, outcome) in outcomes {
-            let outcome = match self.returned.remove(&id) {
-                Some(returned) => Err(returned),
-                None => outcome,
+                (None, Err(e)) => Err(PublishFailure::Channel(e.to_string())),
             };
             if let Some(waiter) = self.waiting.remove(&id) {
                 let _ = waiter.reply.send(outcome);
@@ -340,22 +356,22 @@ impl Actor {
     }
 }
 
-/// `first` plus every other confirm already resolved. lapin resolves all
-/// confirms of one ack frame while holding its lock; yielding once lets a
-/// resolution that raced with us finish before the batch is closed.
-async fn collect_batch<T>(
-    first: T,
-    in_flight: &mut FuturesUnordered<Pin<Box<dyn Future<Output = T> + Send>>>,
-) -> Vec<T> {
-    let mut batch = vec![first];
-    loop {
-        while let Some(Some(done)) = in_flight.next().now_or_never() {
-            batch.push(done);
-        }
-        tokio::task::yield_now().await;
-        match in_flight.next().now_or_never() {
-            Some(Some(done)) => batch.push(done),
-            _ => return batch,
+/// Moves every confirm that is ready now into `into`.
+fn drain_ready(in_flight: &mut FuturesUnordered<InFlight>, into: &mut Vec<Confirmed>) {
+    while let Some(Some(done)) = in_flight.next().now_or_never() {
+        into.push(done);
+    }
+}
+
+/// Takes and releases the acknowledgement lock of every channel in `batch`
+/// (`wait_for_confirms` takes it first thing; it is not awaited), so a
+/// multiple-ack walk that was in progress has completed.
+fn fence(batch: &[Confirmed]) {
+    let mut fenced: Vec<u16> = Vec::new();
+    for (_, channel, _) in batch {
+        if !fenced.contains(&channel.id()) {
+            fenced.push(channel.id());
+            let _ = channel.wait_for_confirms().now_or_never();
         }
     }
 }
