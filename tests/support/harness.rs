@@ -59,6 +59,7 @@ pub struct InProcess {
 impl InProcess {
     /// Compiles `toml` (panicking on an invalid one) and starts the forwarder.
     pub fn start(toml: &str) -> Self {
+        init_logs();
         let settings =
             switchyard::config::load_str(toml, "test.toml").unwrap_or_else(|e| panic!("{e}"));
         let (stop, stopped) = oneshot::channel::<()>();
@@ -199,4 +200,15 @@ fn uuid_suffix() -> String {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos())
     )
+}
+
+/// With `SWITCHYARD_TEST_LOG` set (an `EnvFilter` such as `info` or
+/// `switchyard=debug`), the in-process forwarder's logs go to the test output.
+fn init_logs() {
+    if let Ok(filter) = std::env::var("SWITCHYARD_TEST_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_test_writer()
+            .try_init();
+    }
 }

@@ -207,6 +207,9 @@ pub struct TestBroker {
     conn: Connection,
     channel: Channel,
     name: String,
+    /// Reused by polls (passive declares): a channel per poll would run
+    /// through the connection's channel ids in long waits.
+    probe: tokio::sync::Mutex<Option<Channel>>,
 }
 
 impl TestBroker {
@@ -235,6 +238,7 @@ impl TestBroker {
             conn,
             channel,
             name: connection_name.to_string(),
+            probe: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -398,7 +402,15 @@ impl TestBroker {
 
     /// Message count of `name` (passive declare on a throwaway channel), `None` if missing.
     pub async fn try_queue_len(&self, name: &str) -> Option<u32> {
-        let ch = self.fresh_channel().await;
+        let mut probe = self.probe.lock().await;
+        let ch = match probe.as_ref().filter(|c| c.status().connected()) {
+            Some(ch) => ch.clone(),
+            None => {
+                let ch = self.fresh_channel().await;
+                *probe = Some(ch.clone());
+                ch
+            }
+        };
         let res = ch
             .queue_declare(
                 name.into(),
@@ -410,11 +422,12 @@ impl TestBroker {
             )
             .await;
         match res {
-            Ok(queue) => {
-                let _ = ch.close(200, "OK".into()).await;
-                Some(queue.message_count())
+            Ok(queue) => Some(queue.message_count()),
+            // A 404 closed the probe channel; the next poll opens another.
+            Err(e) if is_not_found(&e) => {
+                *probe = None;
+                None
             }
-            Err(e) if is_not_found(&e) => None,
             Err(e) => panic!("passive declare of queue {name}: {e}"),
         }
     }

@@ -1,0 +1,338 @@
+//! The command line (SPEC 2, 3): `check` validates a configuration without
+//! touching a broker, prints a summary without secrets, and reports an
+//! invalid one as one line naming the file and the key, with exit code 2.
+//! `--config` falls back to `$SWITCHYARD_CONFIG`, then `config/switchyard.toml`,
+//! and `SWITCHYARD__SECTION__KEY` overrides a key. No broker is needed.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const REPO_CONFIG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/config/switchyard.toml");
+
+/// The binary with no `SWITCHYARD*` variables inherited from the test's environment.
+fn switchyard() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchyard"));
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("SWITCHYARD") {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.env_remove("RUST_BACKTRACE")
+        .env_remove("RUST_LIB_BACKTRACE");
+    cmd
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.output()
+        .unwrap_or_else(|e| panic!("cannot run switchyard: {e}"))
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A temporary configuration file with a unique name, removed on drop.
+struct TempConfig {
+    path: PathBuf,
+}
+
+impl TempConfig {
+    fn new(test: &str, text: &str) -> Self {
+        let path = std::env::temp_dir().join(format!("{}.toml", support::unique_prefix(test)));
+        std::fs::write(&path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+        Self { path }
+    }
+
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn display(&self) -> String {
+        self.path.display().to_string()
+    }
+}
+
+impl Drop for TempConfig {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn repo_config_text() -> String {
+    std::fs::read_to_string(REPO_CONFIG).unwrap_or_else(|e| panic!("read {REPO_CONFIG}: {e}"))
+}
+
+/// The repository's configuration with `from` replaced by `to` (which must occur).
+fn repo_config_with(from: &str, to: &str) -> String {
+    let text = repo_config_text();
+    assert!(
+        text.contains(from),
+        "{REPO_CONFIG} no longer contains {from:?}"
+    );
+    text.replacen(from, to, 1)
+}
+
+/// Asserts `check` on `config` fails with exit 2 and one line on stderr
+/// starting with `switchyard: <path>: ` and containing every `needle`.
+fn assert_invalid(config: &TempConfig, needles: &[&str]) -> String {
+    let out = run(switchyard().arg("check").arg("--config").arg(config.path()));
+    let err = stderr(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "check on an invalid config exits 2; stderr: {err}"
+    );
+    assert_no_panic(&err);
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "exactly one line on stderr, got: {err:?}");
+    let prefix = format!("switchyard: {}: ", config.display());
+    assert!(
+        lines[0].starts_with(&prefix),
+        "stderr must start with {prefix:?}: {err:?}"
+    );
+    for needle in needles {
+        assert!(
+            lines[0].contains(needle),
+            "stderr must mention {needle:?}: {err:?}"
+        );
+    }
+    assert!(
+        stdout(&out).trim().is_empty(),
+        "no summary for an invalid config: {}",
+        stdout(&out)
+    );
+    lines[0].to_string()
+}
+
+fn assert_no_panic(err: &str) {
+    let lower = err.to_lowercase();
+    assert!(
+        !lower.contains("panicked") && !lower.contains("backtrace"),
+        "no panic or backtrace: {err}"
+    );
+}
+
+#[test]
+fn check_prints_the_routing_table_without_the_password() {
+    let out = run(switchyard().args(["check", "--config", REPO_CONFIG]));
+    let (text, err) = (stdout(&out), stderr(&out));
+    assert_eq!(out.status.code(), Some(0), "stdout: {text}\nstderr: {err}");
+    for needle in [
+        "service",
+        "logging",
+        "primaryServiceQueue",
+        "backupServiceQueue",
+        "work.in",
+    ] {
+        assert!(
+            text.contains(needle),
+            "summary must mention {needle:?}:\n{text}"
+        );
+    }
+    assert!(
+        !text.contains("guest:guest") && !err.contains("guest:guest"),
+        "the password must not be printed:\n{text}{err}"
+    );
+    assert!(
+        text.contains("guest:***"),
+        "the URI is shown redacted:\n{text}"
+    );
+}
+
+#[test]
+fn check_never_prints_a_password_and_needs_no_broker() {
+    let secret = format!("pw-{}", support::unique_prefix("secret"));
+    // Port 1: nothing listens there; check must not try to connect.
+    let config = TempConfig::new(
+        "cli-secret",
+        &repo_config_with(
+            "amqp://guest:guest@127.0.0.1:5672/%2f",
+            &format!("amqp://alice:{secret}@127.0.0.1:1/%2f"),
+        ),
+    );
+    let out = run(switchyard().arg("check").arg("--config").arg(config.path()));
+    let (text, err) = (stdout(&out), stderr(&out));
+    assert_eq!(out.status.code(), Some(0), "stdout: {text}\nstderr: {err}");
+    assert!(
+        !text.contains(&secret) && !err.contains(&secret),
+        "the password must not be printed:\n{text}{err}"
+    );
+    assert!(
+        text.contains("alice:***"),
+        "the URI is shown redacted:\n{text}"
+    );
+}
+
+#[test]
+fn check_reports_an_unknown_endpoint_in_the_filter_table() {
+    let config = TempConfig::new(
+        "cli-unknown-endpoint",
+        &repo_config_with(
+            "endpoint = \"primaryServiceQueue\"",
+            "endpoint = \"noSuchEndpoint\"",
+        ),
+    );
+    assert_invalid(&config, &["filter_table[0].endpoint", "noSuchEndpoint"]);
+}
+
+#[test]
+fn check_reports_an_unknown_backup_list() {
+    let config = TempConfig::new(
+        "cli-unknown-backup-list",
+        &repo_config_with(
+            "backup_list = \"backupLoggingEndpoints\"",
+            "backup_list = \"noSuchList\"",
+        ),
+    );
+    assert_invalid(&config, &["filter_table[1].backup_list", "noSuchList"]);
+}
+
+#[test]
+fn check_reports_an_unknown_key() {
+    let config = TempConfig::new(
+        "cli-unknown-key",
+        &repo_config_with("prefetch = 1000\n", "prefetch = 1000\nprefetchh = 5\n"),
+    );
+    assert_invalid(&config, &["prefetchh"]);
+
+    let top_level = TempConfig::new(
+        "cli-unknown-top-key",
+        &format!("colour = \"blue\"\n{}", repo_config_text()),
+    );
+    assert_invalid(&top_level, &["colour"]);
+}
+
+#[test]
+fn check_reports_a_value_of_the_wrong_type_and_bad_toml() {
+    let config = TempConfig::new(
+        "cli-wrong-type",
+        &repo_config_with("prefetch = 1000\n", "prefetch = \"lots\"\n"),
+    );
+    assert_invalid(&config, &["prefetch"]);
+
+    let broken = TempConfig::new("cli-broken-toml", "[inbound\nbroker = \"main\"\n");
+    assert_invalid(&broken, &[]);
+}
+
+#[test]
+fn check_reports_a_missing_file() {
+    let path = std::env::temp_dir().join(format!("{}.toml", support::unique_prefix("cli-missing")));
+    let out = run(switchyard().arg("check").arg("--config").arg(&path));
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "stderr: {err}");
+    assert_no_panic(&err);
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "exactly one line on stderr, got: {err:?}");
+    assert!(
+        lines[0].starts_with(&format!("switchyard: {}: ", path.display())),
+        "stderr names the file: {err:?}"
+    );
+}
+
+#[test]
+fn config_defaults_to_the_environment_variable() {
+    let config = TempConfig::new(
+        "cli-env-config",
+        &repo_config_with("queue = \"work.in\"", "queue = \"from.env.in\""),
+    );
+    // Run from the repository, where the default config/switchyard.toml exists:
+    // the environment variable must win over it.
+    let out = run(switchyard()
+        .arg("check")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("SWITCHYARD_CONFIG", config.path()));
+    let (text, err) = (stdout(&out), stderr(&out));
+    assert_eq!(out.status.code(), Some(0), "stdout: {text}\nstderr: {err}");
+    assert!(
+        text.contains(&config.display()),
+        "the summary names {}:\n{text}",
+        config.display()
+    );
+    assert!(
+        text.contains("from.env.in"),
+        "the env file's queue:\n{text}"
+    );
+    assert!(!text.contains("work.in"), "not the default file:\n{text}");
+}
+
+#[test]
+fn config_flag_wins_over_the_environment_variable() {
+    let from_env = TempConfig::new(
+        "cli-env-loses",
+        &repo_config_with("queue = \"work.in\"", "queue = \"from.env.in\""),
+    );
+    let from_flag = TempConfig::new(
+        "cli-flag-wins",
+        &repo_config_with("queue = \"work.in\"", "queue = \"from.flag.in\""),
+    );
+    let out = run(switchyard()
+        .arg("check")
+        .arg("--config")
+        .arg(from_flag.path())
+        .env("SWITCHYARD_CONFIG", from_env.path()));
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr(&out));
+    assert!(text.contains(&from_flag.display()), "{text}");
+    assert!(text.contains("from.flag.in"), "{text}");
+    assert!(!text.contains("from.env.in"), "{text}");
+}
+
+#[test]
+fn config_defaults_to_config_switchyard_toml() {
+    let out = run(switchyard()
+        .arg("check")
+        .current_dir(env!("CARGO_MANIFEST_DIR")));
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr(&out));
+    assert!(
+        text.contains("config/switchyard.toml"),
+        "the default file is named:\n{text}"
+    );
+
+    // Somewhere without that file, the error names it.
+    let empty_dir = std::env::temp_dir().join(support::unique_prefix("cli-empty-dir"));
+    std::fs::create_dir_all(&empty_dir).unwrap_or_else(|e| panic!("mkdir: {e}"));
+    let out = run(switchyard().arg("check").current_dir(&empty_dir));
+    let _ = std::fs::remove_dir(&empty_dir);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "stderr: {err}");
+    assert_no_panic(&err);
+    assert!(err.contains("config/switchyard.toml"), "{err}");
+}
+
+#[test]
+fn environment_overrides_a_key() {
+    let out = run(switchyard()
+        .args(["check", "--config", REPO_CONFIG])
+        .env("SWITCHYARD__INBOUND__PREFETCH", "7"));
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr(&out));
+    assert!(text.contains("prefetch 7"), "summary:\n{text}");
+    assert!(!text.contains("prefetch 1000"), "summary:\n{text}");
+}
+
+#[test]
+fn usage_errors_exit_2_and_help_exits_0() {
+    let out = run(switchyard().arg("no-such-command"));
+    assert_eq!(out.status.code(), Some(2), "stderr: {}", stderr(&out));
+    assert_no_panic(&stderr(&out));
+
+    let out = run(switchyard().args(["check", "--no-such-flag"]));
+    assert_eq!(out.status.code(), Some(2), "stderr: {}", stderr(&out));
+
+    let out = run(&mut switchyard());
+    assert_eq!(out.status.code(), Some(2), "no subcommand is a usage error");
+
+    let out = run(switchyard().arg("--help"));
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr(&out));
+    for command in ["run", "check"] {
+        assert!(text.contains(command), "--help lists {command:?}:\n{text}");
+    }
+}

@@ -1,0 +1,320 @@
+//! Startup safety of dead-lettering (SPEC 1.6, 3): in `nack` mode the broker
+//! routes a nacked message through the inbound queue's dead-letter exchange,
+//! so the forwarder declares the queue with its dead-letter arguments, and
+//! refuses to start when an existing queue has other arguments or the
+//! dead-letter exchange is missing, naming the fix. `republish` mode does not
+//! depend on the queue's arguments.
+
+mod support;
+
+use lapin::BasicProperties;
+use lapin::options::QueueDeclareOptions;
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{Confirmation, ExchangeKind};
+use support::harness::{InProcess, base_toml, consumer_count, endpoint_toml};
+use support::{
+    DEFAULT_TIMEOUT, TestBroker, amqp_str, delete_all_with_prefix, field_table, unique_prefix,
+};
+use switchyard::RunError;
+
+/// One branch for messages with header `route = yes` to queue `<p>.out`;
+/// anything else has no route and is dead-lettered.
+fn one_branch_toml(base: &str, p: &str) -> String {
+    format!(
+        r#"{base}{out}
+[filters.routed]
+type = "header"
+header = "route"
+equals = "yes"
+
+[[filter_table]]
+name = "out"
+filter = "routed"
+endpoint = "out"
+"#,
+        out = endpoint_toml("out", "main", &format!("{p}.out"), true, ""),
+    )
+}
+
+/// `base_toml` with `declare = false` under `[inbound]`.
+fn base_without_declare(p: &str, mode: &str) -> String {
+    let base = base_toml(p, mode);
+    assert!(
+        base.contains("prefetch = 500\n"),
+        "base_toml changed shape: {base}"
+    );
+    base.replacen("prefetch = 500\n", "prefetch = 500\ndeclare = false\n", 1)
+}
+
+/// The arguments the forwarder declares `<p>.in` with in nack mode.
+fn dead_letter_args(p: &str) -> FieldTable {
+    field_table([
+        ("x-dead-letter-exchange", amqp_str(&format!("{p}.dlx"))),
+        ("x-dead-letter-routing-key", amqp_str(&format!("{p}.dlq"))),
+    ])
+}
+
+/// Declares durable `queue` with `args` on a throwaway channel; `Err(code)`
+/// carries the broker's reply code when it refuses.
+async fn try_declare(broker: &TestBroker, queue: &str, args: FieldTable) -> Result<(), u16> {
+    let ch = broker.fresh_channel().await;
+    let result = ch
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..QueueDeclareOptions::default()
+            },
+            args,
+        )
+        .await;
+    match result {
+        Ok(_) => {
+            let _ = ch.close(200, "OK".into()).await;
+            Ok(())
+        }
+        Err(e) => match e.kind() {
+            lapin::ErrorKind::ProtocolError(amqp) => Err(amqp.get_id()),
+            _ => panic!("declare {queue}: unexpected error {e}"),
+        },
+    }
+}
+
+fn routed() -> BasicProperties {
+    BasicProperties::default().with_headers(field_table([("route", amqp_str("yes"))]))
+}
+
+/// The startup error of a forwarder that must refuse to start.
+async fn topology_error(toml: &str) -> String {
+    match InProcess::start(toml).finished().await {
+        Err(RunError::Topology(message)) => message,
+        other => panic!("expected a topology refusal at startup, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn inbound_queue_is_declared_with_its_dead_letter_arguments() {
+    let p = unique_prefix("topology-declared");
+    let broker = TestBroker::connect(&p).await;
+    let inbound = format!("{p}.in");
+    let forwarder = InProcess::start_consuming(
+        &one_branch_toml(&base_toml(&p, "nack"), &p),
+        &broker,
+        &inbound,
+    )
+    .await;
+
+    // Redeclaring with the same arguments is accepted; with any other
+    // arguments the broker refuses (406 PRECONDITION_FAILED).
+    assert_eq!(
+        try_declare(&broker, &inbound, dead_letter_args(&p)).await,
+        Ok(()),
+        "{inbound} must carry exactly the dead-letter arguments"
+    );
+    assert_eq!(
+        try_declare(&broker, &inbound, FieldTable::default()).await,
+        Err(406),
+        "{inbound} declared without arguments must be refused"
+    );
+    let other_exchange = field_table([
+        ("x-dead-letter-exchange", amqp_str(&format!("{p}.other"))),
+        ("x-dead-letter-routing-key", amqp_str(&format!("{p}.dlq"))),
+    ]);
+    assert_eq!(
+        try_declare(&broker, &inbound, other_exchange).await,
+        Err(406),
+        "{inbound} with another x-dead-letter-exchange must be refused"
+    );
+    let other_key = field_table([
+        ("x-dead-letter-exchange", amqp_str(&format!("{p}.dlx"))),
+        ("x-dead-letter-routing-key", amqp_str(&format!("{p}.other"))),
+    ]);
+    assert_eq!(
+        try_declare(&broker, &inbound, other_key).await,
+        Err(406),
+        "{inbound} with another x-dead-letter-routing-key must be refused"
+    );
+
+    // The dead-letter exchange exists and routes the dead-letter key to the DLQ.
+    assert!(broker.exchange_exists(&format!("{p}.dlx")).await);
+    let confirm = broker
+        .publish(
+            &format!("{p}.dlx"),
+            &format!("{p}.dlq"),
+            b"probe",
+            BasicProperties::default(),
+        )
+        .await;
+    assert_eq!(
+        confirm,
+        Confirmation::Ack(None),
+        "{p}.dlx must route {p}.dlq"
+    );
+    broker
+        .await_count(&format!("{p}.dlq"), 1, DEFAULT_TIMEOUT)
+        .await;
+    let probe = broker.get_all(&format!("{p}.dlq")).await;
+    assert_eq!(probe.len(), 1);
+    assert_eq!(probe[0].body, b"probe");
+
+    // End to end: a message with no route is nacked and the broker
+    // dead-letters it through those arguments; a routed one is forwarded.
+    broker
+        .publish("", &inbound, b"no route", BasicProperties::default())
+        .await;
+    broker.publish("", &inbound, b"routed", routed()).await;
+    broker
+        .await_count(&format!("{p}.dlq"), 1, DEFAULT_TIMEOUT)
+        .await;
+    broker
+        .await_count(&format!("{p}.out"), 1, DEFAULT_TIMEOUT)
+        .await;
+    forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
+
+    let dead = broker.get_all(&format!("{p}.dlq")).await;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].body, b"no route");
+    assert!(
+        matches!(dead[0].header("x-death"), Some(AMQPValue::FieldArray(_))),
+        "a nack-mode dead letter carries the broker's x-death: {:?}",
+        dead[0].properties.headers()
+    );
+    let out = broker.get_all(&format!("{p}.out")).await;
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].body, b"routed");
+    assert_eq!(broker.queue_len(&inbound).await, 0);
+
+    broker.close().await;
+    delete_all_with_prefix(&p).await;
+}
+
+#[tokio::test]
+async fn existing_inbound_queue_with_other_arguments_is_a_startup_error() {
+    let p = unique_prefix("topology-other-args");
+    let broker = TestBroker::connect(&p).await;
+    let inbound = format!("{p}.in");
+    broker.declare_queue(&inbound).await;
+    broker.publish("", &inbound, b"waiting", routed()).await;
+
+    let message = topology_error(&one_branch_toml(&base_toml(&p, "nack"), &p)).await;
+    for needle in [inbound.as_str(), "x-dead-letter-exchange", "republish"] {
+        assert!(
+            message.contains(needle),
+            "the startup error must mention {needle:?}: {message}"
+        );
+    }
+    assert!(
+        !message.contains('\n'),
+        "the startup error is one line: {message:?}"
+    );
+
+    // Nothing was consumed, forwarded or changed.
+    assert_eq!(
+        broker.queue_len(&inbound).await,
+        1,
+        "{inbound} keeps its message"
+    );
+    assert_eq!(consumer_count(&broker, &inbound).await, Some(0));
+    assert_eq!(broker.queue_len(&format!("{p}.out")).await, 0);
+    assert_eq!(
+        try_declare(&broker, &inbound, FieldTable::default()).await,
+        Ok(()),
+        "{inbound} keeps its original (empty) arguments"
+    );
+    let left = broker.get_all(&inbound).await;
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].body, b"waiting");
+    assert!(!left[0].redelivered, "the message was never delivered");
+
+    broker.close().await;
+    delete_all_with_prefix(&p).await;
+}
+
+#[tokio::test]
+async fn missing_dead_letter_exchange_without_declare_is_a_startup_error() {
+    let p = unique_prefix("topology-no-dlx");
+    let broker = TestBroker::connect(&p).await;
+    let inbound = format!("{p}.in");
+    let dlx = format!("{p}.dlx");
+    broker
+        .declare_queue_with(&inbound, dead_letter_args(&p))
+        .await;
+    broker.publish("", &inbound, b"waiting", routed()).await;
+
+    let message = topology_error(&one_branch_toml(&base_without_declare(&p, "nack"), &p)).await;
+    for needle in [dlx.as_str(), "does not exist"] {
+        assert!(
+            message.contains(needle),
+            "the startup error must mention {needle:?}: {message}"
+        );
+    }
+
+    // With declare = false the forwarder creates nothing and consumes nothing.
+    assert!(
+        !broker.exchange_exists(&dlx).await,
+        "{dlx} must not be created"
+    );
+    assert!(!broker.queue_exists(&format!("{p}.dlq")).await);
+    assert_eq!(
+        broker.queue_len(&inbound).await,
+        1,
+        "{inbound} keeps its message"
+    );
+    assert_eq!(consumer_count(&broker, &inbound).await, Some(0));
+
+    broker.close().await;
+    delete_all_with_prefix(&p).await;
+}
+
+#[tokio::test]
+async fn republish_mode_accepts_an_existing_queue_without_dead_letter_arguments() {
+    let p = unique_prefix("topology-republish");
+    let broker = TestBroker::connect(&p).await;
+    let inbound = format!("{p}.in");
+    let dlq = format!("{p}.dlq");
+    broker.declare_queue(&inbound).await;
+    broker
+        .declare_exchange(&format!("{p}.dlx"), ExchangeKind::Direct)
+        .await;
+    broker.declare_queue(&dlq).await;
+    broker.bind(&dlq, &format!("{p}.dlx"), &dlq).await;
+
+    let toml = one_branch_toml(&base_without_declare(&p, "republish"), &p);
+    let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
+
+    broker.publish("", &inbound, b"routed", routed()).await;
+    broker
+        .publish("", &inbound, b"no route", BasicProperties::default())
+        .await;
+    broker
+        .await_count(&format!("{p}.out"), 1, DEFAULT_TIMEOUT)
+        .await;
+    broker.await_count(&dlq, 1, DEFAULT_TIMEOUT).await;
+    forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
+
+    let out = broker.get_all(&format!("{p}.out")).await;
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].body, b"routed");
+    let dead = broker.get_all(&dlq).await;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].body, b"no route");
+    assert_eq!(
+        dead[0].header_str("x-switchyard-reason").as_deref(),
+        Some("no-route"),
+        "republished dead letter: {:?}",
+        dead[0].properties.headers()
+    );
+    assert_eq!(
+        dead[0].header_str("x-switchyard-source-queue").as_deref(),
+        Some(inbound.as_str())
+    );
+    assert_eq!(broker.queue_len(&inbound).await, 0);
+    // The queue keeps the arguments it was created with.
+    assert_eq!(
+        try_declare(&broker, &inbound, FieldTable::default()).await,
+        Ok(())
+    );
+
+    broker.close().await;
+    delete_all_with_prefix(&p).await;
+}
