@@ -5,49 +5,11 @@ mod support;
 
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldArray, FieldTable};
-use support::harness::{InProcess, base_toml, endpoint_toml};
+use support::harness::{InProcess, base_toml, seed_toml};
 use support::{DEFAULT_TIMEOUT, Message, TestBroker, delete_all_with_prefix, unique_prefix};
 
 fn two_branch_toml(p: &str) -> String {
-    format!(
-        r#"{base}{service}{service_backup}{logging}{logging_backup}
-[backup_lists]
-service_backups = ["service_backup"]
-logging_backups = ["logging_backup"]
-
-[filters.all]
-type = "match_all"
-
-[[filter_table]]
-name = "service"
-filter = "all"
-endpoint = "service"
-backup_list = "service_backups"
-
-[[filter_table]]
-name = "logging"
-filter = "all"
-endpoint = "logging"
-backup_list = "logging_backups"
-"#,
-        base = base_toml(p, "nack"),
-        service = endpoint_toml("service", "main", &format!("{p}.service"), true, ""),
-        service_backup = endpoint_toml(
-            "service_backup",
-            "main",
-            &format!("{p}.service.backup"),
-            true,
-            ""
-        ),
-        logging = endpoint_toml("logging", "main", &format!("{p}.logging"), true, ""),
-        logging_backup = endpoint_toml(
-            "logging_backup",
-            "main",
-            &format!("{p}.logging.backup"),
-            true,
-            ""
-        ),
-    )
+    seed_toml(p, &base_toml(p, "nack"))
 }
 
 /// Headers of `m` without the ones the forwarder may add.

@@ -9,82 +9,17 @@ use std::time::{Duration, Instant};
 
 use lapin::options::BasicPublishOptions;
 use lapin::{BasicProperties, Confirmation};
-use support::harness::{Process, consumer_count, endpoint_toml, wait_consumers};
+use support::harness::{
+    Process, consumer_count, endpoint_toml, seed_toml, top_toml, wait_consumers,
+};
 use support::{
-    DEFAULT_TIMEOUT, FaultProxy, Message, TestBroker, amqp_addr, amqp_url, amqp_vhost,
+    DEFAULT_TIMEOUT, FaultProxy, Message, TestBroker, amqp_addr, amqp_vhost,
     delete_all_with_prefix, rabbitmqctl, unique_prefix, wait_for, wait_until,
 };
 
-/// Top-level keys, `[inbound]`, `[dead_letter]` and `[brokers.main]` for
-/// `prefix`: inbound queue `<prefix>.in`, DLX `<prefix>.dlx`, DLQ `<prefix>.dlq`
-/// (the same layout as `harness::base_toml`, with a chosen shutdown bound and
-/// prefetch). The instance is named `prefix`, so its connections are too.
-fn top_toml(prefix: &str, shutdown_timeout_ms: u64, prefetch: u32) -> String {
-    format!(
-        r#"
-name = "{prefix}"
-shutdown_timeout_ms = {shutdown_timeout_ms}
-
-[inbound]
-broker = "main"
-queue = "{prefix}.in"
-prefetch = {prefetch}
-
-[dead_letter]
-mode = "nack"
-exchange = "{prefix}.dlx"
-routing_key = "{prefix}.dlq"
-queue = "{prefix}.dlq"
-
-[brokers.main]
-uri = "{url}"
-"#,
-        url = amqp_url()
-    )
-}
-
-/// Two branches over every message: "service" and "logging", each with a
-/// one-endpoint backup list; all four queues on the main broker.
+/// The seed scenario's two branches with prefetch `prefetch`.
 fn two_branch_toml(p: &str, prefetch: u32) -> String {
-    format!(
-        r#"{top}{service}{service_backup}{logging}{logging_backup}
-[backup_lists]
-service_backups = ["service_backup"]
-logging_backups = ["logging_backup"]
-
-[filters.all]
-type = "match_all"
-
-[[filter_table]]
-name = "service"
-filter = "all"
-endpoint = "service"
-backup_list = "service_backups"
-
-[[filter_table]]
-name = "logging"
-filter = "all"
-endpoint = "logging"
-backup_list = "logging_backups"
-"#,
-        top = top_toml(p, 5000, prefetch),
-        service = endpoint_toml("service", "main", &format!("{p}.service"), true, ""),
-        service_backup = endpoint_toml(
-            "service_backup",
-            "main",
-            &format!("{p}.service.backup"),
-            true,
-            ""
-        ),
-        logging = endpoint_toml("logging", "main", &format!("{p}.logging"), true, ""),
-        logging_backup = endpoint_toml(
-            "logging_backup",
-            "main",
-            &format!("{p}.logging.backup"),
-            true,
-            ""
-        ),
-    )
+    seed_toml(p, &top_toml(p, "nack", 5000, prefetch))
 }
 
 /// Pipelines one persistent, mandatory publish per body to `queue` (default
@@ -372,7 +307,7 @@ name = "dest"
 filter = "all"
 endpoint = "dest"
 "#,
-        top = top_toml(&p, SHUTDOWN_MS, 200),
+        top = top_toml(&p, "nack", SHUTDOWN_MS, 200),
         slow = proxy.amqp_url(),
         endpoint = endpoint_toml("dest", "slow", &dest, true, "confirm_timeout_ms = 30000"),
     );

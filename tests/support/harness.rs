@@ -12,17 +12,29 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 /// The inbound, dead-letter and broker sections for `prefix`: inbound queue
-/// `<prefix>.in`, dead-letter exchange `<prefix>.dlx`, queue `<prefix>.dlq`.
+/// `<prefix>.in`, dead-letter exchange `<prefix>.dlx`, queue `<prefix>.dlq`;
+/// a 5 s shutdown bound and prefetch 500.
 pub fn base_toml(prefix: &str, dead_letter_mode: &str) -> String {
+    top_toml(prefix, dead_letter_mode, 5000, 500)
+}
+
+/// [`base_toml`] with a chosen shutdown bound and prefetch. The instance is
+/// named `prefix`, so its connections are too.
+pub fn top_toml(
+    prefix: &str,
+    dead_letter_mode: &str,
+    shutdown_timeout_ms: u64,
+    prefetch: u32,
+) -> String {
     format!(
         r#"
 name = "{prefix}"
-shutdown_timeout_ms = 5000
+shutdown_timeout_ms = {shutdown_timeout_ms}
 
 [inbound]
 broker = "main"
 queue = "{prefix}.in"
-prefetch = 500
+prefetch = {prefetch}
 
 [dead_letter]
 mode = "{dead_letter_mode}"
@@ -34,6 +46,41 @@ queue = "{prefix}.dlq"
 uri = "{url}"
 "#,
         url = amqp_url()
+    )
+}
+
+/// The seed scenario's shape after `top` (from [`base_toml`] or
+/// [`top_toml`]): branches "service" and "logging" over every message, each
+/// with a one-endpoint backup list; queues `<p>.service`,
+/// `<p>.service.backup`, `<p>.logging`, `<p>.logging.backup`.
+pub fn seed_toml(p: &str, top: &str) -> String {
+    let endpoint =
+        |name: &str, queue: &str| endpoint_toml(name, "main", &format!("{p}.{queue}"), true, "");
+    format!(
+        r#"{top}{service}{service_backup}{logging}{logging_backup}
+[backup_lists]
+service_backups = ["service_backup"]
+logging_backups = ["logging_backup"]
+
+[filters.all]
+type = "match_all"
+
+[[filter_table]]
+name = "service"
+filter = "all"
+endpoint = "service"
+backup_list = "service_backups"
+
+[[filter_table]]
+name = "logging"
+filter = "all"
+endpoint = "logging"
+backup_list = "logging_backups"
+"#,
+        service = endpoint("service", "service"),
+        service_backup = endpoint("service_backup", "service.backup"),
+        logging = endpoint("logging", "logging"),
+        logging_backup = endpoint("logging_backup", "logging.backup"),
     )
 }
 
