@@ -48,6 +48,10 @@ pub fn forwarded(message_id: &str, branch: &str, endpoint: &str) {
 /// An attempt on `endpoint` failed and the endpoint will be tried again.
 pub fn retry(message_id: &str, branch: &str, endpoint: &str, error: &dyn std::fmt::Display) {
     tracing::info!(message_id, branch, endpoint, %error, "retrying endpoint");
+    count(
+        "switchyard_endpoint_retries_total",
+        format!("branch=\"{branch}\",endpoint=\"{endpoint}\""),
+    );
 }
 
 /// A branch leaves `from` for `to` (`None`: its list is exhausted).

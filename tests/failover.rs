@@ -257,3 +257,43 @@ async fn an_unreachable_broker_fails_over_without_waiting_for_each_connect() {
     drop(proxy);
     delete_all_with_prefix(&p).await;
 }
+
+#[tokio::test]
+async fn an_endpoint_is_retried_as_configured_before_failing_over() {
+    let p = unique_prefix("fo-retries");
+    let broker = TestBroker::connect(&p).await;
+    let toml = one_branch(
+        &p,
+        "",
+        &endpoint_toml(
+            "primary",
+            "main",
+            &format!("{p}.missing"),
+            false,
+            "retries = 2",
+        ),
+        &endpoint_toml("backup", "main", &format!("{p}.backup"), true, ""),
+    )
+    // A branch name of its own: the counters are process-wide.
+    .replace("name = \"service\"", &format!("name = \"{p}\""));
+    let forwarder = InProcess::start_consuming(&toml, &broker, &format!("{p}.in")).await;
+    publish_numbered(&broker, &p, 0..5).await;
+    broker
+        .await_count(&format!("{p}.backup"), 5, DEFAULT_TIMEOUT)
+        .await;
+    forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    let metrics = switchyard::telemetry::render();
+    let retries =
+        format!("switchyard_endpoint_retries_total{{branch=\"{p}\",endpoint=\"primary\"}} 10");
+    assert!(
+        metrics.contains(&retries),
+        "two retries per message expected in:\n{metrics}"
+    );
+    let failovers =
+        format!("switchyard_failovers_total{{branch=\"{p}\",from=\"primary\",to=\"backup\"}} 5");
+    assert!(
+        metrics.contains(&failovers),
+        "one failover per message expected in:\n{metrics}"
+    );
+    delete_all_with_prefix(&p).await;
+}

@@ -31,23 +31,13 @@ impl Publishers {
             .insert(publisher.endpoint().name.clone(), publisher);
     }
 
-    fn publish(
-        &self,
-        endpoint: &Endpoint,
-        envelope: &Arc<Envelope>,
-    ) -> impl Future<Output = Result<(), PublishFailure>> + Send + 'static {
-        let started = self
-            .by_endpoint
-            .get(&endpoint.name)
-            .map(|p| p.publish(envelope.clone(), Vec::new()));
-        let name = endpoint.name.clone();
-        async move {
-            match started {
-                Some(outcome) => outcome.await,
-                None => Err(PublishFailure::Unreachable(format!(
-                    "no publisher for endpoint \"{name}\""
-                ))),
-            }
+    fn publish(&self, endpoint: &Endpoint, envelope: &Arc<Envelope>) -> Attempt {
+        match self.by_endpoint.get(&endpoint.name) {
+            Some(publisher) => Box::pin(publisher.publish(envelope.clone(), Vec::new())),
+            // Unreachable with a compiled configuration: every endpoint has a publisher.
+            None => Box::pin(std::future::ready(Err(PublishFailure::Unreachable(
+                format!("no publisher for endpoint \"{}\"", endpoint.name),
+            )))),
         }
     }
 }
@@ -67,12 +57,10 @@ pub fn start(envelope: &Arc<Envelope>, plans: Vec<BranchPlan>, publishers: &Publ
         .into_iter()
         .map(|plan| {
             let first: Attempt = match plan.endpoints().next() {
-                Some(endpoint) => Box::pin(publishers.publish(endpoint, envelope)),
-                None => Box::pin(async {
-                    Err(PublishFailure::Unreachable(
-                        "empty endpoint list".to_owned(),
-                    ))
-                }),
+                Some(endpoint) => publishers.publish(endpoint, envelope),
+                None => Box::pin(std::future::ready(Err(PublishFailure::Unreachable(
+                    "empty endpoint list".to_owned(),
+                )))),
             };
             (plan, first)
         })
@@ -110,7 +98,7 @@ async fn walk(
     let message_id = envelope.message_id();
     let endpoints: Vec<&Arc<Endpoint>> = plan.endpoints().collect();
     let mut first = Some(first);
-    let mut last_error = PublishFailure::Unreachable("no endpoint tried".to_owned());
+    let mut last_error = None;
     for (i, endpoint) in endpoints.iter().enumerate() {
         for attempt in 0..=endpoint.retries {
             let outcome = match first.take() {
@@ -129,15 +117,17 @@ async fn walk(
                     if attempt < endpoint.retries {
                         telemetry::retry(message_id, &plan.name, &endpoint.name, &error);
                     }
-                    last_error = error;
+                    let next = endpoints.get(i + 1).map(|e| e.name.as_str());
+                    if attempt == endpoint.retries {
+                        telemetry::failover(message_id, &plan.name, &endpoint.name, next, &error);
+                    }
+                    last_error = Some(error);
                 }
             }
         }
-        let next = endpoints.get(i + 1).map(|e| e.name.as_str());
-        telemetry::failover(message_id, &plan.name, &endpoint.name, next, &last_error);
     }
     BranchOutcome::Failed {
         branch: plan.name.clone(),
-        error: last_error.to_string(),
+        error: last_error.map_or_else(|| "no endpoint to try".to_owned(), |e| e.to_string()),
     }
 }
