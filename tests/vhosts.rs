@@ -1,0 +1,78 @@
+//! Endpoints on another virtual host: each broker entry gets its own
+//! publishing connection, and copies land in that vhost's queues.
+
+mod support;
+
+use lapin::BasicProperties;
+use support::harness::{InProcess, base_toml, endpoint_toml};
+use support::{
+    DEFAULT_TIMEOUT, Message, TestBroker, delete_all_with_prefix, rabbitmqctl, unique_prefix,
+};
+
+#[tokio::test]
+async fn a_branch_on_another_vhost_gets_its_copies() {
+    let p = unique_prefix("vhost");
+    rabbitmqctl(&["add_vhost", &p]).await;
+    rabbitmqctl(&["set_permissions", "-p", &p, "guest", ".*", ".*", ".*"]).await;
+    let other_url = format!("amqp://guest:guest@127.0.0.1:5672/{p}");
+
+    let broker = TestBroker::connect(&p).await;
+    let toml = format!(
+        r#"{base}
+[brokers.other]
+uri = "{other_url}"
+{local}{remote}
+[filters.all]
+type = "match_all"
+
+[[filter_table]]
+name = "local"
+filter = "all"
+endpoint = "local"
+
+[[filter_table]]
+name = "remote"
+filter = "all"
+endpoint = "remote"
+"#,
+        base = base_toml(&p, "nack"),
+        local = endpoint_toml("local", "main", &format!("{p}.local"), true, ""),
+        remote = endpoint_toml("remote", "other", &format!("{p}.remote"), true, ""),
+    );
+    let forwarder = InProcess::start_consuming(&toml, &broker, &format!("{p}.in")).await;
+    let bodies: Vec<String> = (0..50).map(|i| format!("v{i:03}")).collect();
+    broker
+        .publish_many(
+            "",
+            &format!("{p}.in"),
+            bodies.iter(),
+            BasicProperties::default(),
+        )
+        .await;
+    let other = TestBroker::connect_to(&other_url, &format!("{p}-other")).await;
+    broker
+        .await_count(&format!("{p}.local"), 50, DEFAULT_TIMEOUT)
+        .await;
+    other
+        .await_count(&format!("{p}.remote"), 50, DEFAULT_TIMEOUT)
+        .await;
+    forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
+
+    let remote: Vec<String> = other
+        .get_all(&format!("{p}.remote"))
+        .await
+        .iter()
+        .map(Message::body_str)
+        .collect();
+    assert_eq!(
+        remote, bodies,
+        "every copy, once, in order, on the other vhost"
+    );
+    assert!(
+        !broker.queue_exists(&format!("{p}.remote")).await,
+        "nothing declared on the default vhost"
+    );
+    other.close().await;
+    delete_all_with_prefix(&p).await;
+    rabbitmqctl(&["delete_vhost", &p]).await;
+}
