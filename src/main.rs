@@ -51,7 +51,7 @@ fn summary(path: &std::path::Path, settings: &Settings) -> String {
         .map(|b| format!("{} = {}", b.name, b.redacted_uri()))
         .collect();
     format!(
-        "{}: ok\ninbound: {} on {} (prefetch {})\ndead letters: {:?} via exchange \"{}\" key \"{}\"\nbrokers: {}\nfilter table:\n{}",
+        "{}: ok\ninbound: {} on {} (prefetch {})\ndead letters: {} via exchange \"{}\" key \"{}\"\nbrokers: {}\nfilter table:\n{}",
         path.display(),
         settings.inbound.queue,
         settings.inbound.broker,

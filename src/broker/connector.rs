@@ -21,6 +21,34 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// Bound on a graceful close at shutdown; past it the socket is dropped.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Why no channel could be had from a broker. Every variant is transient:
+/// the caller fails over (or, for the consumer, retries later).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConnectError {
+    /// The connection attempt failed or timed out.
+    #[error("cannot connect to {uri}: {reason}")]
+    Connect {
+        /// The broker URI, password masked.
+        uri: String,
+        /// Why.
+        reason: String,
+    },
+    /// A recent attempt failed and the backoff has not run out yet.
+    #[error("broker \"{broker}\" unreachable, reconnecting: {last_error}")]
+    BackingOff {
+        /// The broker's name.
+        broker: String,
+        /// Why the last attempt failed.
+        last_error: String,
+    },
+    /// The connection is up but refused or dropped `channel.open`.
+    #[error("cannot open a channel: {0}")]
+    Channel(String),
+    /// `channel.open` (or `confirm.select`) was not answered in time.
+    #[error("no answer to channel.open within {0} ms")]
+    ChannelTimeout(u128),
+}
+
 /// What a connection is for; consuming and publishing never share one, so a
 /// blocked publisher connection cannot hold up acks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,7 +95,7 @@ impl Connector {
 
     /// A new channel on a live connection, in confirm mode when `confirm`.
     /// Fails fast while a reconnect backoff is running.
-    pub async fn channel(&self, confirm: bool, limit: Duration) -> Result<Channel, String> {
+    pub async fn channel(&self, confirm: bool, limit: Duration) -> Result<Channel, ConnectError> {
         let connection = self.connection().await?;
         let open = async {
             let channel = connection.create_channel().await?;
@@ -82,20 +110,17 @@ impl Connector {
             Ok(Ok(channel)) => Ok(channel),
             Ok(Err(e)) => {
                 self.discard(&connection, &e.to_string()).await;
-                Err(format!("cannot open a channel: {e}"))
+                Err(ConnectError::Channel(e.to_string()))
             }
             Err(_) => {
                 self.discard(&connection, "channel open timed out").await;
-                Err(format!(
-                    "no answer to channel.open within {} ms",
-                    limit.as_millis()
-                ))
+                Err(ConnectError::ChannelTimeout(limit.as_millis()))
             }
         }
     }
 
     /// The live connection, connecting if needed.
-    pub async fn connection(&self) -> Result<Arc<Connection>, String> {
+    pub async fn connection(&self) -> Result<Arc<Connection>, ConnectError> {
         let mut state = self.state.lock().await;
         if let Some(c) = &state.connection {
             if c.status().connected() {
@@ -106,10 +131,10 @@ impl Connector {
         if let Some(at) = state.retry_at
             && Instant::now() < at
         {
-            return Err(format!(
-                "broker unreachable, reconnecting: {}",
-                state.last_error
-            ));
+            return Err(ConnectError::BackingOff {
+                broker: self.spec.name.clone(),
+                last_error: state.last_error.clone(),
+            });
         }
         let properties = ConnectionProperties::default()
             .with_connection_name(self.connection_name.clone().into());
@@ -137,10 +162,10 @@ impl Connector {
         state.retry_at = Some(Instant::now() + delay);
         state.last_error = error.clone();
         telemetry::broker_unreachable(&self.spec.name, &self.spec.redacted_uri(), &error, delay);
-        Err(format!(
-            "cannot connect to {}: {error}",
-            self.spec.redacted_uri()
-        ))
+        Err(ConnectError::Connect {
+            uri: self.spec.redacted_uri(),
+            reason: error,
+        })
     }
 
     /// Forgets `connection` (if still current) so the next use reconnects;

@@ -8,7 +8,7 @@
 //! message, so nothing leaks a prefetch slot.
 
 use super::FieldTable;
-use super::connector::Connector;
+use super::connector::{ConnectError, Connector};
 use crate::config::Settings;
 use crate::envelope::Envelope;
 use futures_util::StreamExt;
@@ -22,6 +22,25 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why consuming could not start or stopped. Transient: reopen later.
+#[derive(Debug, thiserror::Error)]
+pub enum ConsumeError {
+    /// No channel to the inbound broker.
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    /// `basic.qos` or `basic.consume` was refused or not answered.
+    #[error("cannot consume from \"{queue}\": {reason}")]
+    Consume {
+        /// The inbound queue.
+        queue: String,
+        /// Why.
+        reason: String,
+    },
+    /// The consumer failed while delivering.
+    #[error("consumer failed: {0}")]
+    Delivery(String),
+}
 
 /// A consuming channel with its settle task.
 pub struct InboundSession {
@@ -80,7 +99,7 @@ impl Drop for Receipt {
 pub async fn open_inbound(
     connector: &Connector,
     settings: &Settings,
-) -> Result<InboundSession, String> {
+) -> Result<InboundSession, ConsumeError> {
     let channel = connector.channel(false, OPEN_TIMEOUT).await?;
     let consumer_tag = format!("{}-{}", settings.name, uuid::Uuid::new_v4().simple());
     let start = async {
@@ -98,13 +117,8 @@ pub async fn open_inbound(
     };
     let consumer = match tokio::time::timeout(OPEN_TIMEOUT, start).await {
         Ok(Ok(consumer)) => consumer,
-        Ok(Err(e)) => {
-            return Err(format!(
-                "cannot consume from \"{}\": {e}",
-                settings.inbound.queue
-            ));
-        }
-        Err(_) => return Err("no answer to basic.consume".to_owned()),
+        Ok(Err(e)) => return Err(consume_error(settings, e.to_string())),
+        Err(_) => return Err(consume_error(settings, "no answer within 10 s".to_owned())),
     };
     let (settle, rx) = mpsc::unbounded_channel();
     let settler = tokio::spawn(settle_loop(channel.clone(), rx));
@@ -117,13 +131,20 @@ pub async fn open_inbound(
     })
 }
 
+fn consume_error(settings: &Settings, reason: String) -> ConsumeError {
+    ConsumeError::Consume {
+        queue: settings.inbound.queue.clone(),
+        reason,
+    }
+}
+
 impl InboundSession {
     /// The next delivery. `None` when the consumer ended (channel or
     /// connection lost, or cancelled); the caller reopens.
-    pub async fn next(&mut self) -> Option<Result<(Envelope, Receipt), String>> {
+    pub async fn next(&mut self) -> Option<Result<(Envelope, Receipt), ConsumeError>> {
         let delivery = match self.consumer.next().await? {
             Ok(delivery) => delivery,
-            Err(e) => return Some(Err(e.to_string())),
+            Err(e) => return Some(Err(ConsumeError::Delivery(e.to_string()))),
         };
         let tag = delivery.delivery_tag;
         let _ = self.settle.send(Settle::Track(tag));

@@ -17,8 +17,8 @@ mod inbound;
 mod publisher;
 mod topology;
 
-pub use connector::{Connector, Role};
-pub use inbound::{InboundSession, Receipt, open_inbound};
+pub use connector::{ConnectError, Connector, Role};
+pub use inbound::{ConsumeError, InboundSession, Receipt, open_inbound};
 pub use publisher::{PublishFailure, Publisher};
 pub use topology::{TopologyError, declare_endpoint_queue, prepare_inbound};
 

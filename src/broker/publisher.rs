@@ -7,7 +7,7 @@
 //! it is an ack and no return names its publish (see `Actor::harvest` for
 //! why that needs a fence on lapin's acknowledgement lock).
 
-use super::connector::Connector;
+use super::connector::{ConnectError, Connector};
 use super::{AmqpValue, ShortString};
 use crate::config::Endpoint;
 use crate::envelope::{Envelope, value_text};
@@ -54,7 +54,7 @@ pub enum PublishFailure {
     Channel(String),
     /// No channel could be opened to the endpoint's broker.
     #[error("{0}")]
-    Unreachable(String),
+    Unreachable(#[from] ConnectError),
 }
 
 /// Handle to an endpoint's publishing task. Cheap to clone.
@@ -199,7 +199,7 @@ impl Actor {
         let channel = match self.live_channel().await {
             Ok(channel) => channel,
             Err(why) => {
-                let _ = request.reply.send(Err(PublishFailure::Unreachable(why)));
+                let _ = request.reply.send(Err(why.into()));
                 return;
             }
         };
@@ -237,7 +237,7 @@ impl Actor {
         }
     }
 
-    async fn live_channel(&mut self) -> Result<Channel, String> {
+    async fn live_channel(&mut self) -> Result<Channel, ConnectError> {
         if let Some(channel) = &self.channel {
             if channel.status().connected() {
                 return Ok(channel.clone());

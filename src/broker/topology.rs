@@ -192,7 +192,7 @@ where
     let channel = connector
         .channel(false, OP_TIMEOUT)
         .await
-        .map_err(Op::Unreachable)?;
+        .map_err(|e| Op::Unreachable(e.to_string()))?;
     let result = tokio::time::timeout(OP_TIMEOUT, op(channel.clone())).await;
     if channel.status().connected() {
         let _ = channel.close(200, "done".into()).await;

@@ -64,6 +64,15 @@ pub enum DeadLetterMode {
     Republish,
 }
 
+impl std::fmt::Display for DeadLetterMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Nack => "nack",
+            Self::Republish => "republish",
+        })
+    }
+}
+
 /// The dead-letter destination.
 #[derive(Debug, Clone)]
 pub struct DeadLetter {

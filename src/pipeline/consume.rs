@@ -33,7 +33,7 @@ pub(super) async fn consume_until(
             match open_inbound(&forwarder.consume_connector, &forwarder.settings).await {
                 Ok(session) => session,
                 Err(why) => {
-                    telemetry::consumer_lost(queue, &why);
+                    telemetry::consumer_lost(queue, &why.to_string());
                     tokio::select! {
                         () = shutdown.cancelled() => return None,
                         () = tokio::time::sleep(delay) => {}
@@ -54,7 +54,7 @@ pub(super) async fn consume_until(
                 next = session.next() => match next {
                     Some(Ok((envelope, receipt))) => dispatch(forwarder, tracker, envelope, receipt),
                     Some(Err(why)) => {
-                        telemetry::consumer_lost(queue, &why);
+                        telemetry::consumer_lost(queue, &why.to_string());
                         break;
                     }
                     None => {

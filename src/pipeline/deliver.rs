@@ -35,9 +35,10 @@ impl Publishers {
         match self.by_endpoint.get(&endpoint.name) {
             Some(publisher) => Box::pin(publisher.publish(envelope.clone(), Vec::new())),
             // Unreachable with a compiled configuration: every endpoint has a publisher.
-            None => Box::pin(std::future::ready(Err(PublishFailure::Unreachable(
-                format!("no publisher for endpoint \"{}\"", endpoint.name),
-            )))),
+            None => Box::pin(std::future::ready(Err(PublishFailure::Channel(format!(
+                "no publisher for endpoint \"{}\"",
+                endpoint.name
+            ))))),
         }
     }
 }
@@ -58,7 +59,7 @@ pub fn start(envelope: &Arc<Envelope>, plans: Vec<BranchPlan>, publishers: &Publ
         .map(|plan| {
             let first: Attempt = match plan.endpoints().next() {
                 Some(endpoint) => publishers.publish(endpoint, envelope),
-                None => Box::pin(std::future::ready(Err(PublishFailure::Unreachable(
+                None => Box::pin(std::future::ready(Err(PublishFailure::Channel(
                     "empty endpoint list".to_owned(),
                 )))),
             };
