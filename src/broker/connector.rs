@@ -212,8 +212,43 @@ fn backoff(failures: u32) -> Duration {
 
 #[cfg(test)]
 mod tests {
-    use super::{BACKOFF_MAX, backoff};
+    use super::{BACKOFF_MAX, ConnectError, Connector, Role, backoff};
+    use crate::config::BrokerSpec;
+    use std::sync::Arc;
     use std::time::Duration;
+
+    /// A broker that refuses connections fails fast during its backoff and
+    /// is tried again once the backoff has run out.
+    #[tokio::test(start_paused = true)]
+    async fn a_down_broker_fails_fast_until_its_backoff_runs_out() {
+        let spec = Arc::new(BrokerSpec::new(
+            "down",
+            "amqp://guest:secret@127.0.0.1:1/%2f",
+        ));
+        let connector = Connector::new(spec, "unit", Role::Publish);
+        let limit = Duration::from_secs(1);
+        match connector.channel(true, limit).await {
+            Err(ConnectError::Connect { uri, .. }) => {
+                assert_eq!(uri, "amqp://guest:***@127.0.0.1:1/%2f")
+            }
+            other => panic!("expected a connect error, got {other:?}"),
+        }
+        let started = tokio::time::Instant::now();
+        match connector.channel(true, limit).await {
+            Err(ConnectError::BackingOff { broker, .. }) => assert_eq!(broker, "down"),
+            other => panic!("expected the backoff, got {other:?}"),
+        }
+        assert_eq!(
+            started.elapsed(),
+            Duration::ZERO,
+            "no attempt while backing off"
+        );
+        tokio::time::advance(BACKOFF_MAX).await;
+        assert!(matches!(
+            connector.channel(true, limit).await,
+            Err(ConnectError::Connect { .. })
+        ));
+    }
 
     #[test]
     fn backoff_grows_is_jittered_and_capped() {
