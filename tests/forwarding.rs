@@ -179,3 +179,36 @@ async fn many_messages_arrive_once_and_in_order() {
     assert_eq!(broker.queue_len(&format!("{p}.in")).await, 0);
     delete_all_with_prefix(&p).await;
 }
+
+#[tokio::test]
+async fn an_endpoints_headers_option_sets_headers_on_its_copies_only() {
+    let p = unique_prefix("ep-headers");
+    let broker = TestBroker::connect(&p).await;
+    let toml = two_branch_toml(&p).replace(
+        &format!("routing_key = \"{p}.logging\"\n"),
+        &format!("routing_key = \"{p}.logging\"\nheaders = {{ tenant = \"override\", added = \"yes\" }}\n"),
+    );
+    let forwarder = InProcess::start_consuming(&toml, &broker, &format!("{p}.in")).await;
+    broker
+        .publish("", &format!("{p}.in"), b"h", rich_properties(7))
+        .await;
+    broker
+        .await_count(&format!("{p}.service"), 1, DEFAULT_TIMEOUT)
+        .await;
+    broker
+        .await_count(&format!("{p}.logging"), 1, DEFAULT_TIMEOUT)
+        .await;
+    forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
+
+    let service = &broker.get_all(&format!("{p}.service")).await[0];
+    assert_eq!(
+        user_headers(service),
+        rich_properties(7).headers().clone().unwrap_or_default()
+    );
+    let logging = &broker.get_all(&format!("{p}.logging")).await[0];
+    let mut expected = rich_properties(7).headers().clone().unwrap_or_default();
+    expected.insert("tenant".into(), AMQPValue::LongString("override".into()));
+    expected.insert("added".into(), AMQPValue::LongString("yes".into()));
+    assert_eq!(user_headers(logging), expected);
+    delete_all_with_prefix(&p).await;
+}
