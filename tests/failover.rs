@@ -227,12 +227,7 @@ async fn a_cut_connection_fails_over() {
     let p = unique_prefix("fo-cut");
     in_flight_publishes_fail_over_on(&p, async |proxy| {
         assert!(proxy.cut() >= 1);
-        // Resume only once the cut connections are gone, so the bytes they
-        // held are dropped rather than released to the broker.
-        wait_until("cut connections gone", DEFAULT_TIMEOUT, || async {
-            proxy.connections() == 0
-        })
-        .await;
+        // The cut connections drop what they held; new ones flow again.
         proxy.resume();
     })
     .await;

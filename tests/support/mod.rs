@@ -713,12 +713,20 @@ struct ProxyShared {
     stalled: watch::Sender<bool>,
     refuse: AtomicBool,
     next_id: AtomicU64,
-    conns: Mutex<HashMap<u64, Arc<Notify>>>,
+    conns: Mutex<HashMap<u64, Arc<Kill>>>,
+}
+
+/// How a proxied connection is told to die. `killed` is checked before held
+/// bytes are released, so a cut connection never forwards what it held.
+#[derive(Default)]
+struct Kill {
+    notify: Notify,
+    killed: AtomicBool,
 }
 
 impl ProxyShared {
     fn kill_all(&self) -> usize {
-        let kills: Vec<Arc<Notify>> = self
+        let kills: Vec<Arc<Kill>> = self
             .conns
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -726,7 +734,8 @@ impl ProxyShared {
             .cloned()
             .collect();
         for k in &kills {
-            k.notify_one();
+            k.killed.store(true, Ordering::SeqCst);
+            k.notify.notify_one();
         }
         kills.len()
     }
@@ -851,7 +860,7 @@ async fn accept_loop(listener: TcpListener, shared: Arc<ProxyShared>) {
             continue;
         }
         let id = shared.next_id.fetch_add(1, Ordering::SeqCst);
-        let kill = Arc::new(Notify::new());
+        let kill = Arc::new(Kill::default());
         shared
             .conns
             .lock()
@@ -868,7 +877,7 @@ async fn accept_loop(listener: TcpListener, shared: Arc<ProxyShared>) {
 async fn proxy_connection(
     mut client: TcpStream,
     shared: Arc<ProxyShared>,
-    kill: Arc<Notify>,
+    kill: Arc<Kill>,
     _guard: ConnGuard,
 ) {
     let _ = client.set_nodelay(true);
@@ -877,7 +886,7 @@ async fn proxy_connection(
             Ok(s) => s,
             Err(_) => return,
         },
-        _ = kill.notified() => {
+        _ = kill.notify.notified() => {
             let _ = client.set_zero_linger();
             return;
         }
@@ -887,9 +896,9 @@ async fn proxy_connection(
         let (cr, cw) = client.split();
         let (ur, uw) = upstream.split();
         tokio::select! {
-            _ = pump(cr, uw, shared.stalled.subscribe()) => false,
-            _ = pump(ur, cw, shared.stalled.subscribe()) => false,
-            _ = kill.notified() => true,
+            _ = pump(cr, uw, shared.stalled.subscribe(), &kill.killed) => false,
+            _ = pump(ur, cw, shared.stalled.subscribe(), &kill.killed) => false,
+            _ = kill.notify.notified() => true,
         }
     };
     if killed {
@@ -900,7 +909,7 @@ async fn proxy_connection(
 }
 
 /// Copies bytes from `r` to `w`, holding them while the proxy is stalled.
-async fn pump<R, W>(mut r: R, mut w: W, mut stalled: watch::Receiver<bool>)
+async fn pump<R, W>(mut r: R, mut w: W, mut stalled: watch::Receiver<bool>, killed: &AtomicBool)
 where
     R: AsyncReadExt + Unpin,
     W: AsyncWriteExt + Unpin,
@@ -911,7 +920,7 @@ where
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        if stalled.wait_for(|s| !*s).await.is_err() {
+        if stalled.wait_for(|s| !*s).await.is_err() || killed.load(Ordering::SeqCst) {
             break;
         }
         if w.write_all(&buf[..n]).await.is_err() {
