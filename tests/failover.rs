@@ -145,9 +145,9 @@ async fn a_confirm_timeout_fails_over_and_the_primary_is_used_again_after() {
     delete_all_with_prefix(&p).await;
 }
 
-/// Publishes held in a stalled connection, then a connection fault: every
-/// held publish fails and goes to the backup, on another broker connection.
-async fn in_flight_publishes_fail_over_on(p: &str, fault: impl AsyncFnOnce(&FaultProxy)) {
+/// The primary endpoint behind a fault proxy, its backup on the main broker
+/// (another connection); 20 messages already delivered to the primary.
+async fn edge_scenario(p: &str) -> (TestBroker, FaultProxy, InProcess) {
     let broker = TestBroker::connect(p).await;
     let proxy = FaultProxy::start(amqp_addr()).await;
     let toml = one_branch(
@@ -167,25 +167,17 @@ async fn in_flight_publishes_fail_over_on(p: &str, fault: impl AsyncFnOnce(&Faul
     broker
         .await_count(&format!("{p}.primary"), 20, DEFAULT_TIMEOUT)
         .await;
+    (broker, proxy, forwarder)
+}
 
-    proxy.stall();
-    publish_numbered(&broker, p, 20..120).await;
-    wait_until("all 100 in flight", DEFAULT_TIMEOUT, || async {
-        broker.queue_len(&format!("{p}.in")).await == 0
-    })
-    .await;
-    fault(&proxy).await;
-    broker
-        .await_count(&format!("{p}.backup"), 100, DEFAULT_TIMEOUT)
-        .await;
-    let backup = bodies(&broker.get_all(&format!("{p}.backup")).await);
-    let expected_backup: Vec<String> = (20..120).map(|i| format!("m{i:05}")).collect();
-    assert_eq!(
-        backup, expected_backup,
-        "every publish held when the connection failed went to the backup"
-    );
-
-    // The forwarder reconnects and uses the primary again.
+/// After a connection fault the forwarder reconnects and uses the primary
+/// again; then stops cleanly with nothing dead-lettered.
+async fn primary_is_used_again(
+    p: &str,
+    broker: TestBroker,
+    proxy: FaultProxy,
+    forwarder: InProcess,
+) {
     let mut probe = 200;
     wait_until("the primary is used again", DEFAULT_TIMEOUT, || {
         probe += 1;
@@ -201,36 +193,81 @@ async fn in_flight_publishes_fail_over_on(p: &str, fault: impl AsyncFnOnce(&Faul
     })
     .await;
     forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
-
     assert_eq!(broker.queue_len(&format!("{p}.dlq")).await, 0);
     drop(proxy);
     delete_all_with_prefix(p).await;
 }
 
+fn numbered(range: std::ops::Range<u32>) -> Vec<String> {
+    range.map(|i| format!("m{i:05}")).collect()
+}
+
 #[tokio::test]
 async fn a_connection_closed_by_the_broker_fails_over() {
     let p = unique_prefix("fo-closed");
+    let (broker, proxy, forwarder) = edge_scenario(&p).await;
+    // Publishes held before the broker: in flight, unconfirmed.
+    proxy.stall();
+    publish_numbered(&broker, &p, 20..120).await;
+    broker
+        .await_count(&format!("{p}.in"), 0, DEFAULT_TIMEOUT)
+        .await;
     let name = format!("{p}/publish/edge");
-    in_flight_publishes_fail_over_on(&p, async |proxy| {
-        assert_eq!(
-            close_connections_named(&name).await,
-            1,
-            "the forwarder's edge connection"
-        );
-        proxy.resume();
+    assert_eq!(
+        close_connections_named(&name).await,
+        1,
+        "the forwarder's edge connection"
+    );
+    // The client now sees CONNECTION_FORCED; the held publishes never arrive.
+    proxy.resume();
+    wait_until("all 100 delivered somewhere", DEFAULT_TIMEOUT, || async {
+        broker.queue_len(&format!("{p}.primary")).await
+            + broker.queue_len(&format!("{p}.backup")).await
+            >= 120
     })
     .await;
+    let backup = bodies(&broker.get_all(&format!("{p}.backup")).await);
+    let primary = bodies(&broker.get_all(&format!("{p}.primary")).await);
+    assert!(
+        !backup.is_empty(),
+        "the publishes in flight at the close failed over"
+    );
+    // A message the forwarder had not started before the close goes to the
+    // reconnected primary instead; either way each arrives exactly once.
+    let mut all: Vec<String> = backup.iter().chain(&primary).cloned().collect();
+    all.sort();
+    assert_eq!(all, numbered(0..120));
+    primary_is_used_again(&p, broker, proxy, forwarder).await;
 }
 
 #[tokio::test]
 async fn a_cut_connection_fails_over() {
     let p = unique_prefix("fo-cut");
-    in_flight_publishes_fail_over_on(&p, async |proxy| {
-        assert!(proxy.cut() >= 1);
-        // The cut connections drop what they held; new ones flow again.
-        proxy.resume();
-    })
-    .await;
+    let (broker, proxy, forwarder) = edge_scenario(&p).await;
+    // The publishes reach the broker but their confirms are held: all 100
+    // are in flight once the primary queue holds them.
+    proxy.stall_downstream();
+    publish_numbered(&broker, &p, 20..120).await;
+    broker
+        .await_count(&format!("{p}.primary"), 120, DEFAULT_TIMEOUT)
+        .await;
+    assert!(proxy.cut() >= 1);
+    // The cut connections drop the confirms they held; new ones flow again.
+    proxy.resume();
+    // Unconfirmed when the connection failed, so sent again to the backup:
+    // each is in both queues, the at-least-once duplicate a lost confirm costs.
+    broker
+        .await_count(&format!("{p}.backup"), 100, DEFAULT_TIMEOUT)
+        .await;
+    assert_eq!(
+        bodies(&broker.get_all(&format!("{p}.backup")).await),
+        numbered(20..120)
+    );
+    assert_eq!(
+        bodies(&broker.get_all(&format!("{p}.primary")).await),
+        numbered(0..120)
+    );
+    primary_is_used_again(&p, broker, proxy, forwarder).await;
 }
 
 #[tokio::test]

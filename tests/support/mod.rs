@@ -710,7 +710,7 @@ fn parse_connection_name(props: &str) -> Option<String> {
 
 struct ProxyShared {
     upstream: SocketAddr,
-    stalled: watch::Sender<bool>,
+    stalled: watch::Sender<Stall>,
     refuse: AtomicBool,
     next_id: AtomicU64,
     conns: Mutex<HashMap<u64, Arc<Kill>>>,
@@ -771,7 +771,7 @@ impl FaultProxy {
             .await
             .expect("bind fault proxy");
         let addr = listener.local_addr().expect("fault proxy local addr");
-        let (stalled, _) = watch::channel(false);
+        let (stalled, _) = watch::channel(Stall::None);
         let shared = Arc::new(ProxyShared {
             upstream,
             stalled,
@@ -804,17 +804,23 @@ impl FaultProxy {
 
     /// Holds all bytes in both directions from now on (connections stay open, peers see silence).
     pub fn stall(&self) {
-        self.shared.stalled.send_replace(true);
+        self.shared.stalled.send_replace(Stall::Both);
     }
 
     /// Releases held bytes and resumes forwarding.
     pub fn resume(&self) {
-        self.shared.stalled.send_replace(false);
+        self.shared.stalled.send_replace(Stall::None);
     }
 
-    /// Whether the proxy is currently stalled.
+    /// Holds only what the broker sends (confirms, returns, closes); what the
+    /// client sends still reaches the broker. `resume()` releases it.
+    pub fn stall_downstream(&self) {
+        self.shared.stalled.send_replace(Stall::Downstream);
+    }
+
+    /// Whether the proxy is currently stalled, in either direction.
     pub fn is_stalled(&self) -> bool {
-        *self.shared.stalled.borrow()
+        *self.shared.stalled.borrow() != Stall::None
     }
 
     /// Abruptly closes (RST) both sides of every current connection and returns how many; new ones are still accepted.
@@ -842,7 +848,7 @@ impl Drop for FaultProxy {
         self.accept_task.abort();
         self.shared.kill_all();
         // Release anything held so no task waits on a stall forever.
-        self.shared.stalled.send_replace(false);
+        self.shared.stalled.send_replace(Stall::None);
     }
 }
 
@@ -896,8 +902,8 @@ async fn proxy_connection(
         let (cr, cw) = client.split();
         let (ur, uw) = upstream.split();
         tokio::select! {
-            _ = pump(cr, uw, shared.stalled.subscribe(), &kill.killed) => false,
-            _ = pump(ur, cw, shared.stalled.subscribe(), &kill.killed) => false,
+            _ = pump(cr, uw, Stall::Both, shared.stalled.subscribe(), &kill.killed) => false,
+            _ = pump(ur, cw, Stall::Downstream, shared.stalled.subscribe(), &kill.killed) => false,
             _ = kill.notify.notified() => true,
         }
     };
@@ -908,9 +914,24 @@ async fn proxy_connection(
     }
 }
 
-/// Copies bytes from `r` to `w`, holding them while the proxy is stalled.
-async fn pump<R, W>(mut r: R, mut w: W, mut stalled: watch::Receiver<bool>, killed: &AtomicBool)
-where
+/// Which directions a stalled proxy holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stall {
+    None,
+    Both,
+    Downstream,
+}
+
+/// Copies bytes from `r` to `w`, holding them while the proxy is stalled in
+/// this pump's direction (`Stall::Both` for client to broker,
+/// `Stall::Downstream` for broker to client, which either stall holds).
+async fn pump<R, W>(
+    mut r: R,
+    mut w: W,
+    direction: Stall,
+    mut stalled: watch::Receiver<Stall>,
+    killed: &AtomicBool,
+) where
     R: AsyncReadExt + Unpin,
     W: AsyncWriteExt + Unpin,
 {
@@ -920,7 +941,8 @@ where
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        if stalled.wait_for(|s| !*s).await.is_err() || killed.load(Ordering::SeqCst) {
+        let holds = |s: &Stall| *s == Stall::Both || *s == direction;
+        if stalled.wait_for(|s| !holds(s)).await.is_err() || killed.load(Ordering::SeqCst) {
             break;
         }
         if w.write_all(&buf[..n]).await.is_err() {
