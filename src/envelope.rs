@@ -44,9 +44,9 @@ impl Envelope {
         self.headers().and_then(|h| h.inner().get(name))
     }
 
-    /// Branch names from `x-switchyard-only`, if the header is present. A
-    /// header that is not an array of strings restricts to nothing it names,
-    /// i.e. to the branches whose names appear as text in it.
+    /// Branch names from `x-switchyard-only`, if the header is present: an
+    /// array of names (as `dlq redrive` writes it), or a comma-separated
+    /// string for people setting it by hand.
     pub fn only_branches(&self) -> Option<Vec<String>> {
         let value = self.header(ONLY_HEADER)?;
         Some(match value {

@@ -282,3 +282,28 @@ async fn no_route_dead_letters_in_republish_mode_with_reason() {
     assert_eq!(broker.queue_len(&format!("{p}.service")).await, 0);
     delete_all_with_prefix(&p).await;
 }
+
+#[tokio::test]
+async fn an_unconfirmed_dead_letter_requeues_the_original_instead_of_dropping_it() {
+    let p = unique_prefix("dl-unroutable");
+    let broker = TestBroker::connect(&p).await;
+    // No dead-letter queue is bound: the annotated copy is returned, so the
+    // dead letter cannot be confirmed.
+    let toml = exhausting_toml(&p, "republish").replace(&format!("queue = \"{p}.dlq\"\n"), "");
+    let forwarder = InProcess::start_consuming(&toml, &broker, &format!("{p}.in")).await;
+    broker
+        .publish("", &format!("{p}.in"), b"keep me", props("m1", "order"))
+        .await;
+    // Requeued and tried again: the delivered branch shows each attempt.
+    support::wait_until("the message went round twice", DEFAULT_TIMEOUT, || async {
+        broker.queue_len(&format!("{p}.service")).await >= 2
+    })
+    .await;
+    forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    let back = broker.get_all(&format!("{p}.in")).await;
+    assert_eq!(back.len(), 1, "the original is back in the inbound queue");
+    assert_eq!(back[0].body, b"keep me");
+    assert!(back[0].redelivered);
+    assert!(!broker.queue_exists(&format!("{p}.dlq")).await);
+    delete_all_with_prefix(&p).await;
+}
