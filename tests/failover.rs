@@ -332,3 +332,79 @@ async fn an_endpoint_is_retried_as_configured_before_failing_over() {
     );
     delete_all_with_prefix(&p).await;
 }
+
+#[tokio::test]
+async fn a_stalled_branch_does_not_hold_up_the_other_branch() {
+    let p = unique_prefix("fo-hol");
+    let broker = TestBroker::connect(&p).await;
+    let proxy = FaultProxy::start(amqp_addr()).await;
+    let toml = format!(
+        r#"{base}
+[brokers.slow]
+uri = "{slow}"
+{stalled}{stalled_backup}{healthy}
+[backup_lists]
+stalled_backups = ["stalled_backup"]
+
+[filters.all]
+type = "match_all"
+
+[[filter_table]]
+name = "stalled"
+filter = "all"
+endpoint = "stalled"
+backup_list = "stalled_backups"
+
+[[filter_table]]
+name = "healthy"
+filter = "all"
+endpoint = "healthy"
+"#,
+        base = base_toml(&p, "nack"),
+        slow = proxy.amqp_url(),
+        stalled = endpoint_toml(
+            "stalled",
+            "slow",
+            &format!("{p}.stalled"),
+            true,
+            "confirm_timeout_ms = 3000"
+        ),
+        stalled_backup = endpoint_toml(
+            "stalled_backup",
+            "main",
+            &format!("{p}.stalled.backup"),
+            true,
+            ""
+        ),
+        healthy = endpoint_toml("healthy", "main", &format!("{p}.healthy"), true, ""),
+    );
+    let forwarder = InProcess::start_consuming(&toml, &broker, &format!("{p}.in")).await;
+    publish_numbered(&broker, &p, 0..10).await;
+    broker
+        .await_count(&format!("{p}.stalled"), 10, DEFAULT_TIMEOUT)
+        .await;
+
+    proxy.stall();
+    publish_numbered(&broker, &p, 10..110).await;
+    // The healthy branch gets every copy while the stalled branch's copies
+    // are still waiting for their confirms (none has failed over yet).
+    broker
+        .await_count(&format!("{p}.healthy"), 110, DEFAULT_TIMEOUT)
+        .await;
+    assert_eq!(
+        broker.queue_len(&format!("{p}.stalled.backup")).await,
+        0,
+        "the healthy branch must not wait for the stalled one's timeout"
+    );
+    // Then the stalled branch times out and fails over; the messages commit.
+    broker
+        .await_count(&format!("{p}.stalled.backup"), 100, DEFAULT_TIMEOUT)
+        .await;
+    broker
+        .await_count(&format!("{p}.in"), 0, DEFAULT_TIMEOUT)
+        .await;
+    forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(broker.queue_len(&format!("{p}.dlq")).await, 0);
+    drop(proxy);
+    delete_all_with_prefix(&p).await;
+}
