@@ -9,13 +9,13 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use lapin::options::{BasicPublishOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::options::{BasicPublishOptions, QueueBindOptions};
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Channel, Confirmation, ExchangeKind};
+use lapin::{BasicProperties, Confirmation, ExchangeKind};
 use support::harness::{InProcess, base_toml, endpoint_toml};
 use support::{
-    DEFAULT_TIMEOUT, Message, POLL_INTERVAL, TestBroker, amqp_str, amqp_vhost,
-    delete_all_with_prefix, field_table, rabbitmqctl, unique_prefix,
+    DEFAULT_TIMEOUT, Message, POLL_INTERVAL, TestBroker, amqp_str, delete_all_with_prefix,
+    field_table, ready_unacked, unique_prefix,
 };
 
 /// The header every forwarded copy carries.
@@ -84,40 +84,6 @@ fn publish_id(m: &Message) -> i64 {
             m.properties.message_id()
         ),
     }
-}
-
-/// Ready messages in `queue`, which must exist (passive declare on `channel`).
-async fn ready_count(channel: &Channel, queue: &str) -> u32 {
-    channel
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("passive declare of {queue}: {e}"))
-        .message_count()
-}
-
-/// Messages in `queue`, ready and unacknowledged (`rabbitmqctl list_queues`).
-async fn inbound_total(queue: &str) -> u32 {
-    let out = rabbitmqctl(&[
-        "list_queues",
-        "-p",
-        &amqp_vhost(),
-        "--silent",
-        "name",
-        "messages",
-    ])
-    .await;
-    out.lines()
-        .filter_map(|line| line.split_once('\t'))
-        .find(|(name, _)| name.trim() == queue)
-        .and_then(|(_, count)| count.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no count for {queue} in rabbitmqctl list_queues:\n{out}"))
 }
 
 /// Ids that occur more than once in a sorted list, with their counts.
@@ -204,20 +170,18 @@ async fn returns_are_attributed_to_their_own_publish_with_hundreds_in_flight() {
     // Wait until every transaction has ended: n copies in good, caught or
     // (wrongly) the DLQ, or, should a copy be lost (a returned publish
     // counted as delivered), nothing left in the inbound queue, ready or
-    // unacked. One long-lived channel polls (all three queues exist by
-    // now), so a slow run does not churn through thousands of channels.
-    let poll = broker.fresh_channel().await;
+    // unacked.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
     for round in 0u32.. {
         let counts = [
-            ready_count(&poll, &good).await,
-            ready_count(&poll, &caught).await,
-            ready_count(&poll, &dlq).await,
+            broker.queue_len(&good).await,
+            broker.queue_len(&caught).await,
+            broker.queue_len(&dlq).await,
         ];
         if counts.iter().sum::<u32>() >= n {
             break;
         }
-        if round % 20 == 19 && inbound_total(&inbound).await == 0 {
+        if round % 20 == 19 && ready_unacked(&inbound).await == Some((0, 0)) {
             break;
         }
         assert!(
@@ -226,11 +190,10 @@ async fn returns_are_attributed_to_their_own_publish_with_hundreds_in_flight() {
             counts[0],
             counts[1],
             counts[2],
-            ready_count(&poll, &inbound).await
+            broker.queue_len(&inbound).await
         );
         tokio::time::sleep(POLL_INTERVAL).await;
     }
-    let _ = poll.close(200, "OK".into()).await;
     // Stopping drains the transactions in flight, so a late misattributed
     // copy would still show up below.
     forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));

@@ -13,8 +13,8 @@ use support::harness::{
     Process, consumer_count, endpoint_toml, seed_toml, top_toml, wait_consumers,
 };
 use support::{
-    DEFAULT_TIMEOUT, FaultProxy, Message, TestBroker, amqp_addr, amqp_vhost,
-    delete_all_with_prefix, rabbitmqctl, unique_prefix, wait_for, wait_until,
+    DEFAULT_TIMEOUT, FaultProxy, Message, TestBroker, amqp_addr, delete_all_with_prefix,
+    ready_unacked, unique_prefix, wait_for, wait_until,
 };
 
 /// The seed scenario's two branches with prefetch `prefetch`.
@@ -52,32 +52,6 @@ async fn publish_with_ids(broker: &TestBroker, queue: &str, bodies: &[String]) {
             other => panic!("publish {body} to {queue} not confirmed: {other:?}"),
         }
     }
-}
-
-/// `(messages_ready, messages_unacknowledged)` of `queue` as the broker
-/// reports them (`rabbitmqctl list_queues`); `None` if the queue is missing.
-/// Unlike a passive declare, this also sees the unacked (in-flight) ones.
-async fn ready_unacked(queue: &str) -> Option<(u64, u64)> {
-    let vhost = amqp_vhost();
-    let out = rabbitmqctl(&[
-        "list_queues",
-        "-p",
-        &vhost,
-        "--silent",
-        "name",
-        "messages_ready",
-        "messages_unacknowledged",
-    ])
-    .await;
-    out.lines().find_map(|line| {
-        let mut fields = line.split('\t').map(str::trim);
-        if fields.next()? != queue {
-            return None;
-        }
-        let ready = fields.next()?.parse().ok()?;
-        let unacked = fields.next()?.parse().ok()?;
-        Some((ready, unacked))
-    })
 }
 
 /// Waits until `queue` holds exactly `ready` ready and `unacked` unacked messages.

@@ -3,8 +3,6 @@
 //! waiting until it consumes.
 
 use super::{DEFAULT_TIMEOUT, TestBroker, amqp_url, wait_until};
-use lapin::options::QueueDeclareOptions;
-use lapin::types::FieldTable;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use switchyard::RunError;
@@ -149,16 +147,7 @@ impl InProcess {
 
 /// Consumer count of `queue`, `None` when it does not exist.
 pub async fn consumer_count(broker: &TestBroker, queue: &str) -> Option<u32> {
-    let ch = broker.fresh_channel().await;
-    let options = QueueDeclareOptions {
-        passive: true,
-        ..QueueDeclareOptions::default()
-    };
-    let result = ch
-        .queue_declare(queue.into(), options, FieldTable::default())
-        .await;
-    let _ = ch.close(200, "OK".into()).await;
-    result.ok().map(|q| q.consumer_count())
+    broker.probe_queue(queue).await.map(|q| q.consumer_count())
 }
 
 /// Waits until `queue` has exactly `n` consumers.

@@ -400,8 +400,9 @@ impl TestBroker {
         count
     }
 
-    /// Message count of `name` (passive declare on a throwaway channel), `None` if missing.
-    pub async fn try_queue_len(&self, name: &str) -> Option<u32> {
+    /// Passive declare of `name` on the probe channel: its message and
+    /// consumer counts, `None` if the queue is missing.
+    pub async fn probe_queue(&self, name: &str) -> Option<lapin::Queue> {
         let mut probe = self.probe.lock().await;
         let ch = match probe.as_ref().filter(|c| c.status().connected()) {
             Some(ch) => ch.clone(),
@@ -422,7 +423,7 @@ impl TestBroker {
             )
             .await;
         match res {
-            Ok(queue) => Some(queue.message_count()),
+            Ok(queue) => Some(queue),
             // A 404 closed the probe channel; the next poll opens another.
             Err(e) if is_not_found(&e) => {
                 *probe = None;
@@ -430,6 +431,11 @@ impl TestBroker {
             }
             Err(e) => panic!("passive declare of queue {name}: {e}"),
         }
+    }
+
+    /// Ready messages in `name`, `None` if the queue is missing.
+    pub async fn try_queue_len(&self, name: &str) -> Option<u32> {
+        self.probe_queue(name).await.map(|q| q.message_count())
     }
 
     /// Message count of `name`; 0 if the queue does not exist.
@@ -597,6 +603,32 @@ pub async fn rabbitmqctl(args: &[&str]) -> String {
     })
     .await
     .expect("rabbitmqctl task panicked")
+}
+
+/// `(messages_ready, messages_unacknowledged)` of `queue` as the broker
+/// reports them (`rabbitmqctl list_queues`); `None` if the queue is missing.
+/// Unlike a passive declare, this also sees the unacked (in-flight) ones.
+pub async fn ready_unacked(queue: &str) -> Option<(u64, u64)> {
+    let vhost = amqp_vhost();
+    let out = rabbitmqctl(&[
+        "list_queues",
+        "-p",
+        &vhost,
+        "--silent",
+        "name",
+        "messages_ready",
+        "messages_unacknowledged",
+    ])
+    .await;
+    out.lines().find_map(|line| {
+        let mut fields = line.split('\t').map(str::trim);
+        if fields.next()? != queue {
+            return None;
+        }
+        let ready = fields.next()?.parse().ok()?;
+        let unacked = fields.next()?.parse().ok()?;
+        Some((ready, unacked))
+    })
 }
 
 /// Names of the queues in the test vhost that start with `prefix` (`rabbitmqctl list_queues`).
