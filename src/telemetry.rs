@@ -12,12 +12,29 @@ use std::time::Duration;
 static CONSUMED: AtomicU64 = AtomicU64::new(0);
 static IN_FLIGHT: AtomicI64 = AtomicI64::new(0);
 static CONFIG_GENERATION: AtomicU64 = AtomicU64::new(0);
-static LABELLED: LazyLock<Mutex<BTreeMap<(&'static str, String), u64>>> =
-    LazyLock::new(|| Mutex::new(BTreeMap::new()));
+/// metric -> rendered labels -> count.
+static LABELLED: LazyLock<Mutex<Labelled>> = LazyLock::new(|| Mutex::new(Labelled::default()));
 
-fn count(metric: &'static str, labels: String) {
-    let mut map = LABELLED.lock().unwrap_or_else(|e| e.into_inner());
-    *map.entry((metric, labels)).or_insert(0) += 1;
+#[derive(Default)]
+struct Labelled {
+    counts: BTreeMap<&'static str, BTreeMap<String, u64>>,
+    /// Reused to render labels, so counting an existing series allocates
+    /// nothing (it runs once per forwarded copy).
+    scratch: String,
+}
+
+fn count(metric: &'static str, labels: std::fmt::Arguments<'_>) {
+    let mut guard = LABELLED.lock().unwrap_or_else(|e| e.into_inner());
+    let Labelled { counts, scratch } = &mut *guard;
+    scratch.clear();
+    let _ = scratch.write_fmt(labels);
+    let series = counts.entry(metric).or_default();
+    match series.get_mut(scratch.as_str()) {
+        Some(n) => *n += 1,
+        None => {
+            series.insert(scratch.clone(), 1);
+        }
+    }
 }
 
 /// A message was taken from the inbound queue.
@@ -41,7 +58,7 @@ pub fn forwarded(message_id: &str, branch: &str, endpoint: &str) {
     tracing::debug!(message_id, branch, endpoint, "delivered");
     count(
         "switchyard_messages_forwarded_total",
-        format!("branch=\"{branch}\",endpoint=\"{endpoint}\""),
+        format_args!("branch=\"{branch}\",endpoint=\"{endpoint}\""),
     );
 }
 
@@ -50,7 +67,7 @@ pub fn retry(message_id: &str, branch: &str, endpoint: &str, error: &dyn std::fm
     tracing::info!(message_id, branch, endpoint, %error, "retrying endpoint");
     count(
         "switchyard_endpoint_retries_total",
-        format!("branch=\"{branch}\",endpoint=\"{endpoint}\""),
+        format_args!("branch=\"{branch}\",endpoint=\"{endpoint}\""),
     );
 }
 
@@ -67,7 +84,7 @@ pub fn failover(
             tracing::warn!(message_id, branch, endpoint = from, next = to, %error, "failover");
             count(
                 "switchyard_failovers_total",
-                format!("branch=\"{branch}\",from=\"{from}\",to=\"{to}\""),
+                format_args!("branch=\"{branch}\",from=\"{from}\",to=\"{to}\""),
             );
         }
         None => {
@@ -96,7 +113,7 @@ pub fn dead_lettered(
     );
     count(
         "switchyard_dead_lettered_total",
-        format!("reason=\"{reason}\""),
+        format_args!("reason=\"{reason}\""),
     );
 }
 
@@ -159,14 +176,12 @@ pub fn render() -> String {
         "# TYPE switchyard_config_generation gauge\nswitchyard_config_generation {}",
         CONFIG_GENERATION.load(Ordering::Relaxed)
     );
-    let map = LABELLED.lock().unwrap_or_else(|e| e.into_inner());
-    let mut last = "";
-    for ((metric, labels), value) in map.iter() {
-        if *metric != last {
-            let _ = writeln!(out, "# TYPE {metric} counter");
-            last = metric;
+    let guard = LABELLED.lock().unwrap_or_else(|e| e.into_inner());
+    for (metric, series) in &guard.counts {
+        let _ = writeln!(out, "# TYPE {metric} counter");
+        for (labels, value) in series {
+            let _ = writeln!(out, "{metric}{{{labels}}} {value}");
         }
-        let _ = writeln!(out, "{metric}{{{labels}}} {value}");
     }
     out
 }
