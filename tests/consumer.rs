@@ -1,15 +1,15 @@
-//! The inbound side under faults: when the consuming connection is closed
-//! by the broker, the forwarder reconnects and goes on; messages whose acks
-//! were lost are redelivered (at-least-once), none is lost.
+//! The inbound side: when the consuming connection is closed by the broker,
+//! the forwarder reconnects and goes on, losing nothing; and a slow message
+//! never holds back the acks of the messages behind it.
 
 mod support;
 
 use lapin::BasicProperties;
 use std::collections::BTreeSet;
-use support::harness::{InProcess, base_toml, seed_toml, wait_consumers};
+use support::harness::{InProcess, base_toml, endpoint_toml, seed_toml, wait_consumers};
 use support::{
-    DEFAULT_TIMEOUT, Message, TestBroker, close_connections_named, delete_all_with_prefix,
-    unique_prefix, wait_until,
+    DEFAULT_TIMEOUT, FaultProxy, Message, TestBroker, amqp_addr, amqp_str, close_connections_named,
+    delete_all_with_prefix, field_table, ready_unacked, unique_prefix, wait_until,
 };
 
 const N: u32 = 6_000;
@@ -77,5 +77,91 @@ async fn the_consumer_reconnects_after_its_connection_is_closed_and_loses_nothin
     }
     assert_eq!(broker.queue_len(&format!("{p}.in")).await, 0);
     assert_eq!(broker.queue_len(&format!("{p}.dlq")).await, 0);
+    delete_all_with_prefix(&p).await;
+}
+
+#[tokio::test]
+async fn a_slow_message_does_not_hold_back_the_acks_of_the_messages_behind_it() {
+    let p = unique_prefix("ack-behind");
+    let broker = TestBroker::connect(&p).await;
+    let proxy = FaultProxy::start(amqp_addr()).await;
+    let toml = format!(
+        r#"{base}
+[brokers.slow]
+uri = "{slow}"
+{slow_ep}{fast_ep}
+[filters.slow]
+type = "header"
+header = "lane"
+equals = "slow"
+
+[filters.fast]
+type = "not"
+filter = "slow"
+
+[[filter_table]]
+name = "slow"
+filter = "slow"
+endpoint = "slow"
+
+[[filter_table]]
+name = "fast"
+filter = "fast"
+endpoint = "fast"
+"#,
+        base = base_toml(&p, "nack"),
+        slow = proxy.amqp_url(),
+        slow_ep = endpoint_toml(
+            "slow",
+            "slow",
+            &format!("{p}.slow"),
+            true,
+            "confirm_timeout_ms = 20000"
+        ),
+        fast_ep = endpoint_toml("fast", "main", &format!("{p}.fast"), true, ""),
+    );
+    let forwarder = InProcess::start_consuming(&toml, &broker, &format!("{p}.in")).await;
+    let slow_lane =
+        || BasicProperties::default().with_headers(field_table([("lane", amqp_str("slow"))]));
+    broker
+        .publish("", &format!("{p}.in"), b"warm-up", slow_lane())
+        .await;
+    broker
+        .await_count(&format!("{p}.slow"), 1, DEFAULT_TIMEOUT)
+        .await;
+
+    // The slow message is delivered first and its confirm is held; the 50
+    // behind it complete and must be acked without waiting for it.
+    proxy.stall();
+    broker
+        .publish("", &format!("{p}.in"), b"stuck", slow_lane())
+        .await;
+    let fast: Vec<String> = (0..50).map(|i| format!("f{i:02}")).collect();
+    broker
+        .publish_many(
+            "",
+            &format!("{p}.in"),
+            fast.iter(),
+            BasicProperties::default(),
+        )
+        .await;
+    broker
+        .await_count(&format!("{p}.fast"), 50, DEFAULT_TIMEOUT)
+        .await;
+    wait_until(
+        "only the stuck message unacked",
+        DEFAULT_TIMEOUT,
+        || async { ready_unacked(&format!("{p}.in")).await == Some((0, 1)) },
+    )
+    .await;
+
+    proxy.resume();
+    wait_until("the stuck message acked too", DEFAULT_TIMEOUT, || async {
+        ready_unacked(&format!("{p}.in")).await == Some((0, 0))
+    })
+    .await;
+    forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(broker.queue_len(&format!("{p}.slow")).await, 2);
+    drop(proxy);
     delete_all_with_prefix(&p).await;
 }
