@@ -15,6 +15,15 @@ static CONFIG_GENERATION: AtomicU64 = AtomicU64::new(0);
 /// metric -> rendered labels -> count.
 static LABELLED: LazyLock<Mutex<Labelled>> = LazyLock::new(|| Mutex::new(Labelled::default()));
 
+/// gauge -> rendered labels -> value (endpoint health).
+static GAUGES: LazyLock<Mutex<BTreeMap<&'static str, BTreeMap<String, i64>>>> =
+    LazyLock::new(|| Mutex::new(BTreeMap::new()));
+
+fn gauge(metric: &'static str, labels: String, value: i64) {
+    let mut guard = GAUGES.lock().unwrap_or_else(|e| e.into_inner());
+    guard.entry(metric).or_default().insert(labels, value);
+}
+
 #[derive(Default)]
 struct Labelled {
     counts: BTreeMap<&'static str, BTreeMap<String, u64>>,
@@ -117,9 +126,41 @@ pub fn dead_lettered(
     );
 }
 
-/// Dead-lettering itself failed; the message goes back to the inbound queue.
-pub fn dead_letter_failed(message_id: &str, reason: &str, error: &dyn std::fmt::Display) {
-    tracing::error!(message_id, reason, %error, "dead letter not confirmed; message requeued");
+/// A dead-letter copy was not confirmed; the original stays unacked and the
+/// copy is tried again after `retry_in`.
+pub fn dead_letter_retry(
+    message_id: &str,
+    reason: &str,
+    error: &dyn std::fmt::Display,
+    retry_in: Duration,
+) {
+    tracing::error!(
+        message_id,
+        reason,
+        %error,
+        retry_in_ms = retry_in.as_millis() as u64,
+        "dead letter not confirmed; original kept unacked, retrying"
+    );
+}
+
+/// The broker refused the dead-letter copy itself: it is sent again without
+/// the producer's headers and user_id.
+pub fn dead_letter_reduced(message_id: &str, reason: &str, error: &str) {
+    tracing::warn!(
+        message_id,
+        reason,
+        error,
+        "dead letter refused as it is; sending it without the producer's headers"
+    );
+}
+
+/// A transaction stopped because its inbound channel was lost; the broker
+/// redelivers the message.
+pub fn abandoned(message_id: &str) {
+    tracing::info!(
+        message_id,
+        "inbound channel lost; the broker will redeliver this message"
+    );
 }
 
 /// A broker could not be reached.
@@ -146,6 +187,63 @@ pub fn channel_reset(endpoint: &str, why: &str) {
 /// A `basic.return` named a publish whose outcome was already decided.
 pub fn late_return(endpoint: &str, publish_id: u64) {
     tracing::warn!(endpoint, publish_id, "return for a publish already settled");
+}
+
+/// An endpoint's health changed, or it was registered (up).
+pub fn endpoint_up(endpoint: &str, up: bool) {
+    gauge(
+        "switchyard_endpoint_up",
+        format!("endpoint=\"{endpoint}\""),
+        i64::from(up),
+    );
+}
+
+/// An endpoint failed at the connection or channel level: new messages skip
+/// it until a probe finds it working.
+pub fn endpoint_down(endpoint: &str, why: crate::broker::Down, error: &dyn std::fmt::Display) {
+    let level = match why {
+        crate::broker::Down::Connection => "connection",
+        crate::broker::Down::Channel => "channel",
+    };
+    tracing::warn!(endpoint, level, %error, "endpoint down; skipping it and probing");
+    endpoint_up(endpoint, false);
+}
+
+/// A probe or a publish found a down endpoint working again.
+pub fn endpoint_recovered(endpoint: &str) {
+    tracing::info!(endpoint, "endpoint up again; traffic returns to it");
+    endpoint_up(endpoint, true);
+}
+
+/// A broker refused the credentials or vhost: only a configuration change helps.
+pub fn broker_refused(broker: &str, uri: &str, reason: &str) {
+    tracing::error!(broker, uri, reason, "broker refused the connection");
+}
+
+/// A broker blocked publishing (resource alarm): publishes wait, consuming pauses.
+pub fn broker_blocked(broker: &str, reason: &str) {
+    tracing::warn!(
+        broker,
+        reason,
+        "broker blocked publishing (resource alarm); waiting, consuming paused"
+    );
+}
+
+/// A broker lifted its publishing block.
+pub fn broker_unblocked(broker: &str) {
+    tracing::info!(broker, "broker unblocked publishing; resuming");
+}
+
+/// The broker refused a message itself (size, frame, user_id): it is
+/// dead-lettered; the messages in flight with it are retried.
+pub fn rejected(message_id: &str, branch: &str, endpoint: &str, error: &dyn std::fmt::Display) {
+    tracing::warn!(message_id, branch, endpoint, %error, "message refused by the broker");
+}
+
+/// A channel closed under publishes in a way one message may have caused;
+/// this one is retried alone on the same endpoint to find out.
+pub fn isolating(message_id: &str, branch: &str, endpoint: &str, error: &dyn std::fmt::Display) {
+    tracing::info!(message_id, branch, endpoint, %error, "retrying alone on the same endpoint");
 }
 
 /// The inbound consumer was lost and is being reopened.
@@ -176,6 +274,14 @@ pub fn render() -> String {
         "# TYPE switchyard_config_generation gauge\nswitchyard_config_generation {}",
         CONFIG_GENERATION.load(Ordering::Relaxed)
     );
+    let gauges = GAUGES.lock().unwrap_or_else(|e| e.into_inner());
+    for (metric, series) in gauges.iter() {
+        let _ = writeln!(out, "# TYPE {metric} gauge");
+        for (labels, value) in series {
+            let _ = writeln!(out, "{metric}{{{labels}}} {value}");
+        }
+    }
+    drop(gauges);
     let guard = LABELLED.lock().unwrap_or_else(|e| e.into_inner());
     for (metric, series) in &guard.counts {
         let _ = writeln!(out, "# TYPE {metric} counter");

@@ -6,9 +6,12 @@ mod support;
 
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use support::harness::{InProcess, base_toml, endpoint_toml};
-use support::{DEFAULT_TIMEOUT, Message, TestBroker, delete_all_with_prefix, unique_prefix};
+use support::{
+    DEFAULT_TIMEOUT, Message, TestBroker, amqp_str, delete_all_with_prefix, field_table,
+    ready_unacked, unique_prefix, wait_until,
+};
 
 /// "service" delivers to an existing queue; "logging" has only missing
 /// queues (every attempt returned), so its list is exhausted.
@@ -284,26 +287,66 @@ async fn no_route_dead_letters_in_republish_mode_with_reason() {
 }
 
 #[tokio::test]
-async fn an_unconfirmed_dead_letter_requeues_the_original_instead_of_dropping_it() {
-    let p = unique_prefix("dl-unroutable");
+async fn an_unconfirmed_dead_letter_keeps_the_original_and_never_resends_delivered_branches() {
+    let p = unique_prefix("dl-full");
     let broker = TestBroker::connect(&p).await;
-    // No dead-letter queue is bound: the annotated copy is returned, so the
-    // dead letter cannot be confirmed.
-    let toml = exhausting_toml(&p, "republish").replace(&format!("queue = \"{p}.dlq\"\n"), "");
+    let dlq = format!("{p}.dlq");
+    // A full dead-letter queue that refuses publishes: the annotated copy is
+    // nacked until room is made.
+    broker
+        .declare_queue_with(
+            &dlq,
+            field_table([
+                ("x-max-length", AMQPValue::LongLongInt(1)),
+                ("x-overflow", amqp_str("reject-publish")),
+            ]),
+        )
+        .await;
+    broker
+        .declare_exchange(&format!("{p}.dlx"), lapin::ExchangeKind::Direct)
+        .await;
+    broker.bind(&dlq, &format!("{p}.dlx"), &dlq).await;
+    broker
+        .publish("", &dlq, b"filler", props("filler", "x"))
+        .await;
+    let toml = exhausting_toml(&p, "republish").replace(&format!("queue = \"{dlq}\"\n"), "");
     let forwarder = InProcess::start_consuming(&toml, &broker, &format!("{p}.in")).await;
     broker
         .publish("", &format!("{p}.in"), b"keep me", props("m1", "order"))
         .await;
-    // Requeued and tried again: the delivered branch shows each attempt.
-    support::wait_until("the message went round twice", DEFAULT_TIMEOUT, || async {
-        broker.queue_len(&format!("{p}.service")).await >= 2
+    wait_until("the original is held unacked", DEFAULT_TIMEOUT, || async {
+        ready_unacked(&format!("{p}.in")).await == Some((0, 1))
     })
     .await;
+    // The copy is retried with backoff (0.1, 0.2, 0.4, 0.8, 1.6 s...); for
+    // well past the old three tries the original stays held and the
+    // delivered branch gets no second copy.
+    let watched = tokio::time::Instant::now();
+    while watched.elapsed() < Duration::from_secs(3) {
+        assert_eq!(ready_unacked(&format!("{p}.in")).await, Some((0, 1)));
+        assert_eq!(broker.queue_len(&format!("{p}.service")).await, 1);
+        tokio::time::sleep(support::POLL_INTERVAL).await;
+    }
+    // Room in the dead-letter queue: the next try lands and the original is acked.
+    let filler = broker.get_all(&dlq).await;
+    assert_eq!(filler.len(), 1);
+    broker.await_count(&dlq, 1, DEFAULT_TIMEOUT).await;
+    wait_until("the original is acked", DEFAULT_TIMEOUT, || async {
+        ready_unacked(&format!("{p}.in")).await == Some((0, 0))
+    })
+    .await;
+    let dead = broker.get_all(&dlq).await;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].body, b"keep me");
+    assert_eq!(
+        dead[0].header_str("x-switchyard-reason").as_deref(),
+        Some("exhausted")
+    );
+    assert_eq!(
+        broker.queue_len(&format!("{p}.service")).await,
+        1,
+        "never resent"
+    );
     forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
-    let back = broker.get_all(&format!("{p}.in")).await;
-    assert_eq!(back.len(), 1, "the original is back in the inbound queue");
-    assert_eq!(back[0].body, b"keep me");
-    assert!(back[0].redelivered);
-    assert!(!broker.queue_exists(&format!("{p}.dlq")).await);
     delete_all_with_prefix(&p).await;
 }

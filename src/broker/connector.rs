@@ -5,14 +5,22 @@
 //! (jittered, exponential, capped) so a broker that is down costs callers a
 //! fast failure rather than a connect timeout each; callers fail over
 //! meanwhile.
+//!
+//! The connector also follows `connection.blocked` / `connection.unblocked`
+//! (a broker resource alarm) and publishes the state on a watch channel:
+//! publishes wait out an alarm instead of timing out, and consuming pauses.
 
+use super::error::{BrokerError, Fault};
 use crate::config::BrokerSpec;
 use crate::telemetry;
+use futures_util::StreamExt;
 use lapin::options::ConfirmSelectOptions;
-use lapin::{Channel, Connection, ConnectionProperties};
+use lapin::{Channel, Connection, ConnectionProperties, Event};
+use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, watch};
 use tokio::time::{Instant, timeout};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -25,6 +33,15 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// the caller fails over (or, for the consumer, retries later).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConnectError {
+    /// The broker refused the credentials or the vhost: retrying will not
+    /// help until the configuration changes.
+    #[error("broker \"{broker}\" refused the connection: {reason}")]
+    Refused {
+        /// The broker's name.
+        broker: String,
+        /// What the broker said and what to fix.
+        reason: String,
+    },
     /// The connection attempt failed or timed out.
     #[error("cannot connect to {uri}: {reason}")]
     Connect {
@@ -59,11 +76,23 @@ pub enum Role {
     Publish,
 }
 
+/// Whether the broker is blocking this connection's publishes, and since when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Blocking {
+    /// Blocked now.
+    pub blocked: bool,
+    /// When it last changed.
+    pub since: Instant,
+}
+
 /// A broker connection that rebuilds itself.
 pub struct Connector {
     spec: Arc<BrokerSpec>,
     connection_name: String,
     state: Mutex<State>,
+    blocking: Arc<watch::Sender<Blocking>>,
+    /// The negotiated frame_max of the current connection; 0 before the first.
+    frame_max: AtomicU32,
 }
 
 #[derive(Default)]
@@ -85,7 +114,22 @@ impl Connector {
             connection_name: format!("{instance}/{role}/{}", spec.name),
             spec,
             state: Mutex::new(State::default()),
+            blocking: Arc::new(watch::Sender::new(Blocking {
+                blocked: false,
+                since: Instant::now(),
+            })),
+            frame_max: AtomicU32::new(0),
         }
+    }
+
+    /// The largest frame the current connection accepts (0: not known yet).
+    pub fn frame_max(&self) -> u32 {
+        self.frame_max.load(Ordering::Relaxed)
+    }
+
+    /// The blocked state of the current connection, as it changes.
+    pub fn blocking(&self) -> watch::Receiver<Blocking> {
+        self.blocking.subscribe()
     }
 
     /// The broker's name.
@@ -106,16 +150,18 @@ impl Connector {
             }
             Ok::<_, lapin::Error>(channel)
         };
-        match timeout(limit, open).await {
-            Ok(Ok(channel)) => Ok(channel),
-            Ok(Err(e)) => {
-                self.discard(&connection, &e.to_string()).await;
+        // channel.open is not written while the broker blocks the connection.
+        match within_unblocked(open, limit, self.blocking()).await {
+            Some(Ok(channel)) => Ok(channel),
+            Some(Err(e)) => {
+                if !connection.status().connected() {
+                    self.discard(&connection, &e.to_string()).await;
+                }
                 Err(ConnectError::Channel(e.to_string()))
             }
-            Err(_) => {
-                self.discard(&connection, "channel open timed out").await;
-                Err(ConnectError::ChannelTimeout(limit.as_millis()))
-            }
+            // Not a reason to drop a connection other endpoints share: if it
+            // is really dead, heartbeats and their publishes will say so.
+            None => Err(ConnectError::ChannelTimeout(limit.as_millis())),
         }
     }
 
@@ -148,11 +194,25 @@ impl Connector {
                     telemetry::broker_reconnected(&self.spec.name, &self.spec.redacted_uri());
                 }
                 let connection = Arc::new(connection);
+                self.follow_blocking(&connection);
+                self.frame_max
+                    .store(connection.configuration().frame_max(), Ordering::Relaxed);
                 *state = State {
                     connection: Some(connection.clone()),
                     ..State::default()
                 };
                 return Ok(connection);
+            }
+            Ok(Err(e)) if BrokerError::from_lapin(&e).fault() == Fault::Refused => {
+                let reason = refusal(&e, &self.spec.name);
+                telemetry::broker_refused(&self.spec.name, &self.spec.redacted_uri(), &reason);
+                state.failures += 1;
+                state.retry_at = Some(Instant::now() + BACKOFF_MAX);
+                state.last_error = reason.clone();
+                return Err(ConnectError::Refused {
+                    broker: self.spec.name.clone(),
+                    reason,
+                });
             }
             Ok(Err(e)) => e.to_string(),
             Err(_) => format!("no answer within {} s", CONNECT_TIMEOUT.as_secs()),
@@ -166,6 +226,40 @@ impl Connector {
             uri: self.spec.redacted_uri(),
             reason: error,
         })
+    }
+
+    /// Follows `connection.blocked` / `unblocked` on a new connection; a new
+    /// connection starts unblocked.
+    fn follow_blocking(&self, connection: &Connection) {
+        let blocking = self.blocking.clone();
+        let broker = self.spec.name.clone();
+        let set = move |blocked: bool| {
+            blocking.send_if_modified(|b| {
+                let changed = b.blocked != blocked;
+                if changed {
+                    *b = Blocking {
+                        blocked,
+                        since: Instant::now(),
+                    };
+                }
+                changed
+            })
+        };
+        set(false);
+        let mut events = Box::pin(connection.events_listener());
+        tokio::spawn(async move {
+            while let Some(event) = events.next().await {
+                match event {
+                    Event::ConnectionBlocked(reason) if set(true) => {
+                        telemetry::broker_blocked(&broker, &reason)
+                    }
+                    Event::ConnectionUnblocked if set(false) => {
+                        telemetry::broker_unblocked(&broker)
+                    }
+                    _ => {}
+                }
+            }
+        });
     }
 
     /// Forgets `connection` (if still current) so the next use reconnects;
@@ -198,6 +292,54 @@ impl Connector {
         {
             let _ = timeout(CLOSE_TIMEOUT, c.close(200, "switchyard: shutdown".into())).await;
         }
+    }
+}
+
+/// Runs `work` for up to `limit`, not counting time while the broker blocks
+/// the connection (a resource alarm is waited out, not a timeout); `None`
+/// when the limit ran out. The clock restarts when a block lifts, since the
+/// broker then works through everything it held.
+pub async fn within_unblocked<F: Future>(
+    work: F,
+    limit: Duration,
+    mut blocking: watch::Receiver<Blocking>,
+) -> Option<F::Output> {
+    let mut work = std::pin::pin!(work);
+    let mut deadline = Instant::now() + limit;
+    loop {
+        tokio::select! {
+            biased;
+            done = &mut work => return Some(done),
+            () = tokio::time::sleep_until(deadline) => {
+                let state = *blocking.borrow_and_update();
+                if state.blocked {
+                    tokio::select! {
+                        done = &mut work => return Some(done),
+                        _ = blocking.wait_for(|b| !b.blocked) => {}
+                    }
+                    deadline = Instant::now() + limit;
+                } else if state.since + limit > Instant::now() {
+                    deadline = state.since + limit;
+                } else {
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+/// What a refused connection means, in words that say what to fix.
+fn refusal(error: &lapin::Error, broker: &str) -> String {
+    let e = BrokerError::from_lapin(error);
+    match e.code {
+        Some(super::error::code::ACCESS_REFUSED) => format!(
+            "authentication refused by broker {broker}: check the user and password in brokers.{broker}.uri ({})",
+            e.text
+        ),
+        _ => format!(
+            "vhost refused by broker {broker}: the vhost in brokers.{broker}.uri does not exist or the user may not use it ({})",
+            e.text
+        ),
     }
 }
 

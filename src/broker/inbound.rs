@@ -20,6 +20,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -43,8 +44,10 @@ pub enum ConsumeError {
 }
 
 /// A consuming channel with its settle task.
-pub struct InboundSession {
+pub struct InboundChannel {
     channel: Channel,
+    /// Cancelled once the channel is lost: its receipts can no longer settle.
+    lost: CancellationToken,
     consumer: Consumer,
     consumer_tag: String,
     settle: mpsc::UnboundedSender<Settle>,
@@ -61,9 +64,16 @@ enum Settle {
 pub struct Receipt {
     tag: u64,
     settle: Option<mpsc::UnboundedSender<Settle>>,
+    lost: CancellationToken,
 }
 
 impl Receipt {
+    /// Cancelled when the channel this message came on is lost: it can no
+    /// longer be acked, and the broker will redeliver it.
+    pub fn lost(&self) -> &CancellationToken {
+        &self.lost
+    }
+
     /// Acknowledge: the message is done.
     pub fn ack(mut self) {
         if let Some(settle) = self.settle.take() {
@@ -99,7 +109,7 @@ impl Drop for Receipt {
 pub async fn open_inbound(
     connector: &Connector,
     settings: &Settings,
-) -> Result<InboundSession, ConsumeError> {
+) -> Result<InboundChannel, ConsumeError> {
     let channel = connector.channel(false, OPEN_TIMEOUT).await?;
     let consumer_tag = format!("{}-{}", settings.name, uuid::Uuid::new_v4().simple());
     let start = async {
@@ -122,8 +132,9 @@ pub async fn open_inbound(
     };
     let (settle, rx) = mpsc::unbounded_channel();
     let settler = tokio::spawn(settle_loop(channel.clone(), rx));
-    Ok(InboundSession {
+    Ok(InboundChannel {
         channel,
+        lost: CancellationToken::new(),
         consumer,
         consumer_tag,
         settle,
@@ -138,7 +149,7 @@ fn consume_error(settings: &Settings, reason: String) -> ConsumeError {
     }
 }
 
-impl InboundSession {
+impl InboundChannel {
     /// The next delivery. `None` when the consumer ended (channel or
     /// connection lost, or cancelled); the caller reopens.
     pub async fn next(&mut self) -> Option<Result<(Envelope, Receipt), ConsumeError>> {
@@ -159,6 +170,7 @@ impl InboundSession {
         let receipt = Receipt {
             tag,
             settle: Some(self.settle.clone()),
+            lost: self.lost.clone(),
         };
         Some(Ok((envelope, receipt)))
     }
@@ -172,6 +184,12 @@ impl InboundSession {
             BasicCancelOptions::default(),
         );
         let _ = tokio::time::timeout(Duration::from_secs(5), cancel).await;
+    }
+
+    /// Marks the channel lost: transactions still holding its receipts stop
+    /// starting new publishes (their messages come back anyway).
+    pub fn mark_lost(&self) {
+        self.lost.cancel();
     }
 
     /// Sends every pending settlement, then closes the channel; the broker

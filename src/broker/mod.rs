@@ -11,15 +11,23 @@
 //! - [`inbound`]: the consuming connection: qos, peek-lock consume, and the
 //!   settle actor that batches acks.
 //! - [`topology`]: startup declarations and the dead-letter checks.
+//! - `error`: broker errors with their reply codes, classified by fault.
+//! - `health`: endpoint health, marked by publishers, read by deliveries.
+//! - [`frame_size`]: content header size, checked before publishing.
 
 mod connector;
+mod error;
+pub mod frame_size;
+mod health;
 mod inbound;
 mod publisher;
 mod topology;
 
-pub use connector::{ConnectError, Connector, Role};
-pub use inbound::{ConsumeError, InboundSession, Receipt, open_inbound};
-pub use publisher::{PublishFailure, Publisher};
+pub use connector::{Blocking, ConnectError, Connector, Role};
+pub use error::{BrokerError, Fault, Level, code};
+pub use health::{Down, EndpointHealth};
+pub use inbound::{ConsumeError, InboundChannel, Receipt, open_inbound};
+pub use publisher::{Mode, PublishFailure, Publisher};
 pub use topology::{TopologyError, declare_endpoint_queue, prepare_inbound};
 
 /// AMQP message properties, headers included.

@@ -6,25 +6,42 @@
 //! confirm lapin happened to attach it to: a confirm is a delivery only when
 //! it is an ack and no return names its publish (see `Actor::harvest` for
 //! why that needs a fence on lapin's acknowledgement lock).
+//!
+//! One bad message must not harm the others. A content header too large
+//! for the connection's `frame_max` is refused before it is sent. When the
+//! broker closes a channel in a way one message may have caused (406, frame
+//! errors), every publish in flight on it fails as a *suspect*; the caller
+//! retries each [`Mode::Alone`]: on a second channel, one at a time, so a
+//! failure there is that message's own and is reported as
+//! [`PublishFailure::Rejected`].
+//!
+//! The task also keeps the endpoint's [`EndpointHealth`]: down on a
+//! connection or channel failure, probed every `probe_interval_ms` while
+//! down, up again on a working probe or a confirmed publish. Confirm
+//! timeouts do not run while the broker blocks the connection.
 
-use super::connector::{ConnectError, Connector};
-use super::{AmqpValue, ShortString};
+use super::connector::{Blocking, ConnectError, Connector, within_unblocked};
+use super::error::{BrokerError, Fault};
+use super::frame_size::content_header_frame;
+use super::health::{Down, EndpointHealth};
+use super::{AmqpValue, FieldTable, ShortString};
 use crate::config::Endpoint;
 use crate::envelope::{Envelope, value_text};
 use crate::telemetry;
 use futures_util::FutureExt;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use lapin::message::BasicReturnMessage;
-use lapin::options::BasicPublishOptions;
-use lapin::{BasicProperties, Channel, Confirmation};
-use std::collections::HashMap;
+use lapin::options::{BasicPublishOptions, ExchangeDeclareOptions, QueueDeclareOptions};
+use lapin::{BasicProperties, Channel, Confirmation, ExchangeKind};
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::Poll;
-use tokio::sync::{mpsc, oneshot};
-use tokio::time::{Instant, timeout_at};
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// Header carrying the identity of one publish attempt.
@@ -32,7 +49,7 @@ pub const PUBLISH_ID_HEADER: &str = "x-switchyard-publish-id";
 
 static NEXT_PUBLISH_ID: AtomicU64 = AtomicU64::new(1);
 
-/// Why one publish attempt failed; every variant is a reason to fail over.
+/// Why one publish attempt failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PublishFailure {
     /// The broker answered `basic.nack`.
@@ -50,11 +67,35 @@ pub enum PublishFailure {
     #[error("no confirm within {0} ms")]
     Timeout(u128),
     /// The channel or connection failed while the publish was in flight.
-    #[error("channel error: {0}")]
-    Channel(String),
+    #[error("{0}")]
+    Broker(BrokerError),
     /// No channel could be opened to the endpoint's broker.
     #[error("{0}")]
     Unreachable(#[from] ConnectError),
+    /// The broker refuses this message itself (too large, foreign user_id):
+    /// no endpoint will take it as it is.
+    #[error("refused by the broker: {0}")]
+    Rejected(String),
+    /// The publisher is shutting down.
+    #[error("publisher stopped")]
+    Stopped,
+}
+
+impl PublishFailure {
+    /// The channel closed in a way one message may have caused: retry this
+    /// one [`Mode::Alone`] to find out whether it is the culprit.
+    pub fn is_suspect(&self) -> bool {
+        matches!(self, Self::Broker(e) if e.fault() == Fault::Message)
+    }
+}
+
+/// How a copy is published.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// With the endpoint's other publishes, many in flight.
+    Normal,
+    /// On a channel of its own, one at a time: a failure is its own.
+    Alone,
 }
 
 /// Handle to an endpoint's publishing task. Cheap to clone.
@@ -62,19 +103,27 @@ pub enum PublishFailure {
 pub struct Publisher {
     endpoint: Arc<Endpoint>,
     commands: mpsc::UnboundedSender<Command>,
+    health: Arc<EndpointHealth>,
+    blocking: watch::Receiver<Blocking>,
 }
 
 enum Command {
     Publish(Request),
     /// The publish with this id timed out: its channel is suspect.
     TimedOut(u64),
+    /// A background probe of a down endpoint finished.
+    Probed(Result<(), String>),
 }
 
 struct Request {
     id: u64,
     envelope: Arc<Envelope>,
     extra_headers: Vec<(ShortString, AmqpValue)>,
+    mode: Mode,
     reply: oneshot::Sender<Result<(), PublishFailure>>,
+    /// For [`Mode::Alone`]: told when the publish leaves, which starts its
+    /// confirm timeout (it may wait behind other suspects).
+    sent: Option<oneshot::Sender<()>>,
 }
 
 impl Publisher {
@@ -83,23 +132,37 @@ impl Publisher {
     pub fn spawn(
         endpoint: Arc<Endpoint>,
         connector: Arc<Connector>,
+        health: Arc<EndpointHealth>,
         stop: CancellationToken,
     ) -> Self {
         let (commands, rx) = mpsc::unbounded_channel();
+        let blocking = connector.blocking();
         let actor = Actor {
             exchange: endpoint.exchange.as_str().into(),
             routing_key: endpoint.routing_key.as_str().into(),
             endpoint: endpoint.clone(),
             connector,
+            health: health.clone(),
             channel: None,
             generation: 0,
+            alone_channel: None,
+            alone_queue: VecDeque::new(),
+            alone_busy: None,
             waiting: HashMap::new(),
             returned: HashMap::new(),
             rx,
+            commands: commands.downgrade(),
+            next_probe: None,
+            probe_running: false,
             stop,
         };
         tokio::spawn(actor.run());
-        Self { endpoint, commands }
+        Self {
+            endpoint,
+            commands,
+            health,
+            blocking,
+        }
     }
 
     /// The endpoint this publisher sends to.
@@ -107,34 +170,54 @@ impl Publisher {
         &self.endpoint
     }
 
+    /// The endpoint's health.
+    pub fn health(&self) -> &EndpointHealth {
+        &self.health
+    }
+
     /// Starts publishing one copy of `envelope` now, in call order, and
     /// returns its outcome: `Ok` once confirmed and not returned. The
-    /// confirm timeout runs from this call.
+    /// confirm timeout runs from this call ([`Mode::Alone`]: from when it
+    /// leaves) and stands still while the broker blocks the connection.
     pub fn publish(
         &self,
         envelope: Arc<Envelope>,
         extra_headers: Vec<(ShortString, AmqpValue)>,
+        mode: Mode,
     ) -> impl Future<Output = Result<(), PublishFailure>> + Send + 'static {
         let limit = self.endpoint.confirm_timeout;
-        let deadline = Instant::now() + limit;
         let id = NEXT_PUBLISH_ID.fetch_add(1, Ordering::Relaxed);
         let (reply, outcome) = oneshot::channel();
+        let (sent, left) = match mode {
+            Mode::Normal => (None, None),
+            Mode::Alone => {
+                let (tx, rx) = oneshot::channel();
+                (Some(tx), Some(rx))
+            }
+        };
         let request = Request {
             id,
             envelope,
             extra_headers,
+            mode,
             reply,
+            sent,
         };
-        let sent = self.commands.send(Command::Publish(request)).is_ok();
+        let queued = self.commands.send(Command::Publish(request)).is_ok();
         let commands = self.commands.clone();
+        let blocking = self.blocking.clone();
         async move {
-            if !sent {
-                return Err(PublishFailure::Channel("publisher stopped".to_owned()));
+            if !queued {
+                return Err(PublishFailure::Stopped);
             }
-            match timeout_at(deadline, outcome).await {
-                Ok(Ok(result)) => result,
-                Ok(Err(_)) => Err(PublishFailure::Channel("publisher stopped".to_owned())),
-                Err(_) => {
+            if let Some(left) = left {
+                // An error here only means it was answered without being sent.
+                let _ = left.await;
+            }
+            match within_unblocked(outcome, limit, blocking).await {
+                Some(Ok(result)) => result,
+                Some(Err(_)) => Err(PublishFailure::Stopped),
+                None => {
                     let _ = commands.send(Command::TimedOut(id));
                     Err(PublishFailure::Timeout(limit.as_millis()))
                 }
@@ -149,7 +232,9 @@ type InFlight = Pin<Box<dyn Future<Output = Confirmed> + Send>>;
 
 struct Waiter {
     reply: oneshot::Sender<Result<(), PublishFailure>>,
+    /// The main channel's generation it went out on; 0 when alone.
     generation: u64,
+    mode: Mode,
 }
 
 struct Actor {
@@ -157,14 +242,25 @@ struct Actor {
     exchange: ShortString,
     routing_key: ShortString,
     connector: Arc<Connector>,
+    health: Arc<EndpointHealth>,
     channel: Option<Channel>,
-    /// Bumped each time a new channel is opened.
+    /// Bumped each time a new main channel is opened.
     generation: u64,
+    /// Where suspects are published, one at a time.
+    alone_channel: Option<Channel>,
+    alone_queue: VecDeque<Request>,
+    /// The publish id of the suspect in flight.
+    alone_busy: Option<u64>,
     /// Publishes awaiting their outcome, by publish id.
     waiting: HashMap<u64, Waiter>,
     /// Returns seen for publishes whose own confirm is not in yet.
     returned: HashMap<u64, PublishFailure>,
     rx: mpsc::UnboundedReceiver<Command>,
+    /// For probe results; weak, so the task still ends with its last handle.
+    commands: mpsc::WeakUnboundedSender<Command>,
+    /// When to probe next; `None` while up or while a probe runs.
+    next_probe: Option<Instant>,
+    probe_running: bool,
     stop: CancellationToken,
 }
 
@@ -172,7 +268,8 @@ impl Actor {
     async fn run(mut self) {
         let mut in_flight: FuturesUnordered<InFlight> = FuturesUnordered::new();
         let mut open = true;
-        while open || !in_flight.is_empty() {
+        while open || !in_flight.is_empty() || !self.alone_queue.is_empty() {
+            let probe_at = self.next_probe;
             tokio::select! {
                 biased;
                 () = self.stop.cancelled() => break,
@@ -180,15 +277,27 @@ impl Actor {
                     self.harvest(first, &mut in_flight);
                 }
                 command = self.rx.recv(), if open => match command {
-                    Some(Command::Publish(request)) => self.start(request, &mut in_flight).await,
+                    Some(Command::Publish(request)) => match request.mode {
+                        Mode::Normal => self.start(request, &mut in_flight).await,
+                        Mode::Alone => self.alone_queue.push_back(request),
+                    },
                     Some(Command::TimedOut(id)) => self.timed_out(id),
+                    Some(Command::Probed(result)) => self.probed(result),
                     None => open = false,
                 },
+                () = sleep_until_some(probe_at), if probe_at.is_some() => self.probe(),
+            }
+            self.next_alone(&mut in_flight).await;
+            if self.next_probe.is_none() && !self.probe_running && !self.health.is_up() {
+                self.next_probe = Some(Instant::now() + self.endpoint.probe_interval);
             }
         }
-        if let Some(channel) = self.channel.take() {
+        for channel in [self.channel.take(), self.alone_channel.take()]
+            .into_iter()
+            .flatten()
+        {
             let _ = tokio::time::timeout(
-                std::time::Duration::from_secs(2),
+                Duration::from_secs(2),
                 channel.close(200, "switchyard: shutdown".into()),
             )
             .await;
@@ -199,12 +308,67 @@ impl Actor {
         let channel = match self.live_channel().await {
             Ok(channel) => channel,
             Err(why) => {
+                self.unreachable(&why);
                 let _ = request.reply.send(Err(why.into()));
                 return;
             }
         };
+        self.send(channel, self.generation, request, in_flight);
+    }
+
+    /// Publishes the next suspect if none is in flight.
+    async fn next_alone(&mut self, in_flight: &mut FuturesUnordered<InFlight>) {
+        while self.alone_busy.is_none() {
+            let Some(request) = self.alone_queue.pop_front() else {
+                return;
+            };
+            let channel = match self.alone_channel.as_ref() {
+                Some(c) if c.status().connected() => c.clone(),
+                _ => match self
+                    .connector
+                    .channel(true, self.endpoint.confirm_timeout)
+                    .await
+                {
+                    Ok(c) => {
+                        self.alone_channel = Some(c.clone());
+                        c
+                    }
+                    Err(why) => {
+                        self.unreachable(&why);
+                        let _ = request.reply.send(Err(why.into()));
+                        continue;
+                    }
+                },
+            };
+            self.alone_busy = Some(request.id);
+            self.send(channel, 0, request, in_flight);
+        }
+    }
+
+    /// Puts one publish on the wire (or refuses it) and tracks its confirm.
+    fn send(
+        &mut self,
+        channel: Channel,
+        generation: u64,
+        mut request: Request,
+        in_flight: &mut FuturesUnordered<InFlight>,
+    ) {
         let id = request.id;
         let properties = self.properties(&request);
+        let frame_max = self.connector.frame_max() as usize;
+        let header = content_header_frame(&properties);
+        if frame_max > 0 && header > frame_max {
+            if request.mode == Mode::Alone {
+                self.alone_busy = None;
+            }
+            let _ = request.reply.send(Err(PublishFailure::Rejected(format!(
+                "content header of {header} bytes exceeds the broker's frame_max of {frame_max}"
+            ))));
+            return;
+        }
+        if let Some(sent) = request.sent.take() {
+            let _ = sent.send(());
+        }
         let (exchange, routing_key) = (self.exchange.clone(), self.routing_key.clone());
         let envelope = request.envelope;
         let publishing = channel.clone();
@@ -226,12 +390,15 @@ impl Actor {
             id,
             Waiter {
                 reply: request.reply,
-                generation: self.generation,
+                generation,
+                mode: request.mode,
             },
         );
         // The first poll assigns the delivery tag and queues the frames, so
         // publishes leave in call order without awaiting each one.
-        match std::future::poll_fn(|cx| Poll::Ready(publish.as_mut().poll(cx))).await {
+        let waker = futures_util::task::noop_waker();
+        let mut cx = std::task::Context::from_waker(&waker);
+        match publish.as_mut().poll(&mut cx) {
             Poll::Ready(done) => self.harvest(done, in_flight),
             Poll::Pending => in_flight.push(publish),
         }
@@ -271,22 +438,68 @@ impl Actor {
         request.envelope.properties.clone().with_headers(headers)
     }
 
+    fn unreachable(&self, why: &ConnectError) {
+        let down = match why {
+            ConnectError::Channel(_) | ConnectError::ChannelTimeout(_) => Down::Channel,
+            _ => Down::Connection,
+        };
+        self.health.mark_down(down, why);
+    }
+
     /// A publish timed out: if it went out on the current channel, that
     /// channel is suspect (a stalled connection never answers), so the next
     /// publish opens a fresh one.
     fn timed_out(&mut self, id: u64) {
-        if let Some(waiter) = self.waiting.remove(&id)
-            && waiter.generation == self.generation
-            && let Some(channel) = self.channel.take()
-        {
+        let Some(waiter) = self.waiting.remove(&id) else {
+            return;
+        };
+        let limit = self.endpoint.confirm_timeout.as_millis();
+        let stale = match waiter.mode {
+            Mode::Alone => {
+                self.alone_busy = None;
+                self.alone_channel.take()
+            }
+            Mode::Normal if waiter.generation == self.generation => self.channel.take(),
+            Mode::Normal => None,
+        };
+        if let Some(channel) = stale {
+            self.health
+                .mark_down(Down::Channel, &format_args!("no confirm within {limit} ms"));
             telemetry::channel_reset(&self.endpoint.name, "confirm timeout");
             tokio::spawn(async move {
                 let _ = tokio::time::timeout(
-                    std::time::Duration::from_secs(1),
+                    Duration::from_secs(1),
                     channel.close(200, "switchyard: confirm timeout".into()),
                 )
                 .await;
             });
+        }
+    }
+
+    /// Checks a down endpoint in the background: a channel opens on its
+    /// broker, and what it publishes to exists.
+    fn probe(&mut self) {
+        self.next_probe = None;
+        self.probe_running = true;
+        let Some(commands) = self.commands.upgrade() else {
+            return;
+        };
+        let connector = self.connector.clone();
+        let endpoint = self.endpoint.clone();
+        tokio::spawn(async move {
+            let result = probe(&connector, &endpoint).await;
+            let _ = commands.send(Command::Probed(result));
+        });
+    }
+
+    fn probed(&mut self, result: Result<(), String>) {
+        self.probe_running = false;
+        match result {
+            Ok(()) => self.health.mark_up(),
+            Err(why) => {
+                tracing::debug!(endpoint = %self.endpoint.name, error = %why, "probe failed");
+                self.next_probe = Some(Instant::now() + self.endpoint.probe_interval);
+            }
         }
     }
 
@@ -324,18 +537,42 @@ impl Actor {
     /// Sends each publisher its outcome; returns were attributed already.
     fn decide(&mut self, batch: Vec<Confirmed>) {
         for (id, _, result) in batch {
-            let outcome = match (self.returned.remove(&id), result) {
+            let mut outcome = match (self.returned.remove(&id), result) {
                 (Some(returned), _) => Err(returned),
                 (None, Ok(Confirmation::Ack(_))) => Ok(()),
                 (None, Ok(Confirmation::Nack(_))) => Err(PublishFailure::Nacked),
-                (None, Ok(Confirmation::NotRequested)) => Err(PublishFailure::Channel(
-                    "channel is not in confirm mode".to_owned(),
-                )),
-                (None, Err(e)) => Err(PublishFailure::Channel(e.to_string())),
+                (None, Ok(Confirmation::NotRequested)) => {
+                    Err(PublishFailure::Broker(BrokerError {
+                        code: None,
+                        level: super::Level::Transport,
+                        text: "channel is not in confirm mode".to_owned(),
+                    }))
+                }
+                (None, Err(e)) => Err(PublishFailure::Broker(BrokerError::from_lapin(&e))),
             };
-            if let Some(waiter) = self.waiting.remove(&id) {
-                let _ = waiter.reply.send(outcome);
+            let Some(waiter) = self.waiting.remove(&id) else {
+                continue;
+            };
+            if waiter.mode == Mode::Alone {
+                self.alone_busy = None;
+                if let Err(PublishFailure::Broker(e)) = &outcome
+                    && e.fault() == Fault::Message
+                {
+                    outcome = Err(PublishFailure::Rejected(e.to_string()));
+                }
             }
+            match &outcome {
+                Ok(()) => self.health.mark_up(),
+                Err(PublishFailure::Broker(e)) => match e.fault() {
+                    Fault::Message => {}
+                    Fault::Endpoint => self.health.mark_down(Down::Channel, e),
+                    Fault::Connection | Fault::Refused => {
+                        self.health.mark_down(Down::Connection, e)
+                    }
+                },
+                Err(_) => {}
+            }
+            let _ = waiter.reply.send(outcome);
         }
     }
 
@@ -353,6 +590,62 @@ impl Actor {
                 text: message.reply_text.to_string(),
             },
         );
+    }
+}
+
+/// Probes one endpoint: a channel on its broker, then passive declarations
+/// of what it publishes to, each on that short-lived channel.
+async fn probe(connector: &Connector, endpoint: &Endpoint) -> Result<(), String> {
+    let limit = endpoint.confirm_timeout;
+    let channel = connector
+        .channel(false, limit)
+        .await
+        .map_err(|e| e.to_string())?;
+    let checks = async {
+        if !endpoint.exchange.is_empty() {
+            let options = ExchangeDeclareOptions {
+                passive: true,
+                ..Default::default()
+            };
+            channel
+                .exchange_declare(
+                    endpoint.exchange.as_str().into(),
+                    ExchangeKind::Direct,
+                    options,
+                    FieldTable::default(),
+                )
+                .await?;
+        }
+        let queue = endpoint.declare_queue.as_deref().or(endpoint
+            .exchange
+            .is_empty()
+            .then_some(endpoint.routing_key.as_str()));
+        if let Some(queue) = queue {
+            let options = QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            };
+            channel
+                .queue_declare(queue.into(), options, FieldTable::default())
+                .await?;
+        }
+        Ok::<_, lapin::Error>(())
+    };
+    let result = tokio::time::timeout(limit, checks).await;
+    if channel.status().connected() {
+        let _ = tokio::time::timeout(limit, channel.close(200, "switchyard: probe".into())).await;
+    }
+    match result {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(BrokerError::from_lapin(&e).to_string()),
+        Err(_) => Err(format!("no answer within {} ms", limit.as_millis())),
+    }
+}
+
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

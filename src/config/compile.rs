@@ -66,6 +66,7 @@ pub fn compile(raw: &RawConfig) -> Result<Settings> {
                 confirm_timeout: Duration::from_millis(e.confirm_timeout_ms),
                 retries: e.retries,
                 headers: e.headers.clone().into_iter().collect(),
+                probe_interval: Duration::from_millis(1000),
             }),
         );
     }

@@ -142,6 +142,8 @@ pub struct Endpoint {
     pub retries: u32,
     /// Headers set on every copy sent here.
     pub headers: Vec<(String, String)>,
+    /// How often a down endpoint is probed.
+    pub probe_interval: Duration,
 }
 
 #[cfg(test)]

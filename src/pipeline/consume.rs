@@ -2,36 +2,48 @@
 //!
 //! Each delivery is routed and its first publishes submitted inline, in
 //! arrival order; the rest of its transaction (confirms, failovers,
-//! settlement) runs as a tracked task, so up to `prefetch` messages are in
-//! flight and a slow endpoint delays only its own messages. When the
-//! consumer is lost it is reopened; transactions of the lost channel finish
-//! their publishes, their acks fail, and the broker redelivers them
+//! settlement) runs as a tracked task, so a slow endpoint delays only its
+//! own messages. A permit per message bounds the work in flight by
+//! `prefetch`, across consumer reconnects too: a transaction keeps its
+//! permit until it ends, even when the channel it came on is gone. While a
+//! publishing broker blocks publishers (a resource alarm), no new message is
+//! taken. When the consumer is lost it is reopened (the queue re-declared
+//! first when `inbound.declare` is on); transactions of the lost channel
+//! start no new publishes, and the broker redelivers their messages
 //! (at-least-once).
 
 use super::Forwarder;
 use super::deliver;
 use super::outcome::Verdict;
-use crate::broker::{InboundSession, Receipt, open_inbound};
+use crate::broker::{InboundChannel, Receipt, open_inbound, prepare_inbound};
 use crate::envelope::Envelope;
 use crate::telemetry;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// Consumes until `shutdown`; returns the session still open, to be closed
+/// Consumes until `shutdown`; returns the channel still open, to be closed
 /// once in-flight transactions have drained.
 pub(super) async fn consume_until(
     forwarder: &Forwarder,
     shutdown: &CancellationToken,
     tracker: &TaskTracker,
-) -> Option<InboundSession> {
+) -> Option<InboundChannel> {
     let queue = &forwarder.settings.inbound.queue;
     let mut delay = Duration::from_millis(100);
+    let mut reopening = false;
     while !shutdown.is_cancelled() {
-        let mut session =
+        if reopening && forwarder.settings.inbound.declare {
+            // A deleted inbound queue comes back; anything else is logged by
+            // the open below.
+            let _ = prepare_inbound(&forwarder.consume_connector, &forwarder.settings).await;
+        }
+        reopening = true;
+        let mut inbound =
             match open_inbound(&forwarder.consume_connector, &forwarder.settings).await {
-                Ok(session) => session,
+                Ok(inbound) => inbound,
                 Err(why) => {
                     telemetry::consumer_lost(queue, &why.to_string());
                     tokio::select! {
@@ -45,14 +57,30 @@ pub(super) async fn consume_until(
         delay = Duration::from_millis(100);
         telemetry::consuming(queue, forwarder.settings.inbound.prefetch);
         loop {
+            let ready = async {
+                let permit = forwarder.permits.clone().acquire_owned().await;
+                forwarder.wait_until_publishing().await;
+                permit
+            };
+            let permit = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => None,
+                permit = ready => permit.ok(),
+            };
+            let Some(permit) = permit else {
+                inbound.stop_consuming().await;
+                return Some(inbound);
+            };
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => {
-                    session.stop_consuming().await;
-                    return Some(session);
+                    inbound.stop_consuming().await;
+                    return Some(inbound);
                 }
-                next = session.next() => match next {
-                    Some(Ok((envelope, receipt))) => dispatch(forwarder, tracker, envelope, receipt),
+                next = inbound.next() => match next {
+                    Some(Ok((envelope, receipt))) => {
+                        dispatch(forwarder, tracker, envelope, receipt, permit)
+                    }
                     Some(Err(why)) => {
                         telemetry::consumer_lost(queue, &why.to_string());
                         break;
@@ -64,34 +92,37 @@ pub(super) async fn consume_until(
                 },
             }
         }
-        tokio::spawn(session.close());
+        inbound.mark_lost();
+        tokio::spawn(inbound.close());
     }
     None
 }
 
-/// Routes one message and starts its transaction.
-fn dispatch(forwarder: &Forwarder, tracker: &TaskTracker, envelope: Envelope, receipt: Receipt) {
+/// Routes one message and starts its transaction, which holds `permit`.
+fn dispatch(
+    forwarder: &Forwarder,
+    tracker: &TaskTracker,
+    envelope: Envelope,
+    receipt: Receipt,
+    permit: OwnedSemaphorePermit,
+) {
     telemetry::consumed();
     let envelope = Arc::new(envelope);
     // The transaction keeps the table it was routed with, whatever reloads later.
     let table = forwarder.routing.borrow().clone();
     let plans = table.route(&envelope);
     let settler = forwarder.settler.clone();
-    if plans.is_empty() {
-        tracker.spawn(async move {
-            settler
-                .settle(&envelope, receipt, Verdict::no_route())
-                .await
-        });
-        return;
-    }
-    let started = deliver::start(&envelope, plans, &forwarder.publishers);
     let abandon = forwarder.abandon.clone();
     telemetry::in_flight(1);
+    let started =
+        (!plans.is_empty()).then(|| deliver::start(&envelope, plans, &forwarder.publishers));
     tracker.spawn(async move {
         let transaction = async {
-            let outcome = started.finish().await;
-            settler.settle(&envelope, receipt, outcome.verdict()).await;
+            let verdict = match started {
+                Some(started) => started.finish(receipt.lost()).await.verdict(),
+                None => Verdict::no_route(),
+            };
+            settler.settle(&envelope, receipt, verdict).await;
         };
         // Abandoned at the shutdown bound: dropping the receipt requeues the message.
         tokio::select! {
@@ -99,6 +130,7 @@ fn dispatch(forwarder: &Forwarder, tracker: &TaskTracker, envelope: Envelope, re
             () = abandon.cancelled() => {}
             () = transaction => {}
         }
+        drop(permit);
         telemetry::in_flight(-1);
     });
 }

@@ -6,9 +6,16 @@
 //! confirm and, on any failure (nack, return, timeout, channel loss,
 //! unreachable broker), retries the endpoint if configured and moves on to
 //! the next endpoint of its list. A delivered branch is never sent again.
+//!
+//! Endpoints marked down are skipped while another endpoint of the list is
+//! up. A copy that failed because its channel closed under it in a way one
+//! message may have caused is retried alone on the same endpoint, not
+//! failed over: if it fails alone, the broker refuses that message itself
+//! and the branch ends `Rejected`. Once the inbound channel is lost (the
+//! message will be redelivered anyway) no new attempt is started.
 
 use super::outcome::{BranchOutcome, Outcome};
-use crate::broker::{PublishFailure, Publisher};
+use crate::broker::{Mode, PublishFailure, Publisher};
 use crate::config::Endpoint;
 use crate::envelope::Envelope;
 use crate::routing::BranchPlan;
@@ -17,29 +24,54 @@ use futures_util::future::join_all;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
 
 /// Publishers by endpoint name.
 #[derive(Clone, Default)]
 pub struct Publishers {
-    by_endpoint: HashMap<String, Publisher>,
+    by_endpoint: Arc<HashMap<String, Publisher>>,
 }
 
 impl Publishers {
-    /// Registers `publisher` under its endpoint's name.
-    pub fn insert(&mut self, publisher: Publisher) {
-        self.by_endpoint
-            .insert(publisher.endpoint().name.clone(), publisher);
+    /// Publishers from their handles.
+    pub fn new(publishers: impl IntoIterator<Item = Publisher>) -> Self {
+        Self {
+            by_endpoint: Arc::new(
+                publishers
+                    .into_iter()
+                    .map(|p| (p.endpoint().name.clone(), p))
+                    .collect(),
+            ),
+        }
     }
 
-    fn publish(&self, endpoint: &Endpoint, envelope: &Arc<Envelope>) -> Attempt {
-        match self.by_endpoint.get(&endpoint.name) {
-            Some(publisher) => Box::pin(publisher.publish(envelope.clone(), Vec::new())),
+    /// Every publisher.
+    pub fn all(&self) -> impl Iterator<Item = &Publisher> {
+        self.by_endpoint.values()
+    }
+
+    fn get(&self, endpoint: &Endpoint) -> Option<&Publisher> {
+        self.by_endpoint.get(&endpoint.name)
+    }
+
+    fn is_up(&self, endpoint: &Endpoint) -> bool {
+        self.get(endpoint).is_none_or(|p| p.health().is_up())
+    }
+
+    fn publish(&self, endpoint: &Endpoint, envelope: &Arc<Envelope>, mode: Mode) -> Attempt {
+        match self.get(endpoint) {
+            Some(publisher) => Box::pin(publisher.publish(envelope.clone(), Vec::new(), mode)),
             // Unreachable with a compiled configuration: every endpoint has a publisher.
-            None => Box::pin(std::future::ready(Err(PublishFailure::Channel(format!(
-                "no publisher for endpoint \"{}\"",
-                endpoint.name
-            ))))),
+            None => Box::pin(std::future::ready(Err(PublishFailure::Stopped))),
         }
+    }
+
+    /// Where a branch starts: the first endpoint of its order that is up,
+    /// or the first of all when none is.
+    fn first_usable(&self, plan: &BranchPlan) -> usize {
+        plan.endpoints()
+            .position(|e| self.is_up(e))
+            .unwrap_or_default()
     }
 }
 
@@ -47,7 +79,7 @@ impl Publishers {
 pub struct Started {
     envelope: Arc<Envelope>,
     publishers: Publishers,
-    branches: Vec<(BranchPlan, Attempt)>,
+    branches: Vec<(BranchPlan, usize, Attempt)>,
 }
 
 type Attempt = std::pin::Pin<Box<dyn Future<Output = Result<(), PublishFailure>> + Send>>;
@@ -57,13 +89,12 @@ pub fn start(envelope: &Arc<Envelope>, plans: Vec<BranchPlan>, publishers: &Publ
     let branches = plans
         .into_iter()
         .map(|plan| {
-            let first: Attempt = match plan.endpoints().next() {
-                Some(endpoint) => publishers.publish(endpoint, envelope),
-                None => Box::pin(std::future::ready(Err(PublishFailure::Channel(
-                    "empty endpoint list".to_owned(),
-                )))),
+            let at = publishers.first_usable(&plan);
+            let first: Attempt = match plan.endpoints().nth(at) {
+                Some(endpoint) => publishers.publish(endpoint, envelope, Mode::Normal),
+                None => Box::pin(std::future::ready(Err(PublishFailure::Stopped))),
             };
-            (plan, first)
+            (plan, at, first)
         })
         .collect();
     Started {
@@ -74,61 +105,110 @@ pub fn start(envelope: &Arc<Envelope>, plans: Vec<BranchPlan>, publishers: &Publ
 }
 
 impl Started {
-    /// Runs every branch to its outcome.
-    pub async fn finish(self) -> Outcome {
+    /// Runs every branch to its outcome. `orphaned` is cancelled when the
+    /// inbound channel is lost: no new attempt starts after that.
+    pub async fn finish(self, orphaned: &CancellationToken) -> Outcome {
         let Started {
             envelope,
             publishers,
             branches,
         } = self;
-        let walks = branches
-            .into_iter()
-            .map(|(plan, first)| walk(plan, first, &envelope, &publishers));
+        let walks = branches.into_iter().map(|(plan, at, first)| {
+            Walk {
+                plan,
+                envelope: &envelope,
+                publishers: &publishers,
+                orphaned,
+            }
+            .run(at, first)
+        });
         Outcome {
             branches: join_all(walks).await,
         }
     }
 }
 
-async fn walk(
+/// One branch's way down its endpoint list.
+struct Walk<'a> {
     plan: BranchPlan,
-    first: Attempt,
-    envelope: &Arc<Envelope>,
-    publishers: &Publishers,
-) -> BranchOutcome {
-    let message_id = envelope.message_id();
-    let endpoints: Vec<&Arc<Endpoint>> = plan.endpoints().collect();
-    let mut first = Some(first);
-    let mut last_error = None;
-    for (i, endpoint) in endpoints.iter().enumerate() {
-        for attempt in 0..=endpoint.retries {
-            let outcome = match first.take() {
-                Some(first) => first.await,
-                None => publishers.publish(endpoint, envelope).await,
-            };
-            match outcome {
-                Ok(()) => {
-                    telemetry::forwarded(message_id, &plan.name, &endpoint.name);
-                    return BranchOutcome::Delivered {
+    envelope: &'a Arc<Envelope>,
+    publishers: &'a Publishers,
+    orphaned: &'a CancellationToken,
+}
+
+impl Walk<'_> {
+    async fn run(self, at: usize, first: Attempt) -> BranchOutcome {
+        let plan = &self.plan;
+        let message_id = self.envelope.message_id();
+        let endpoints: Vec<&Arc<Endpoint>> = plan.endpoints().collect();
+        let mut first = Some(first);
+        let mut last_error = None;
+        for (i, endpoint) in endpoints.iter().enumerate().skip(at) {
+            if first.is_none() && self.skippable(endpoint, &endpoints[i + 1..]) {
+                continue;
+            }
+            for attempt in 0..=endpoint.retries {
+                if first.is_none() && self.orphaned.is_cancelled() {
+                    return BranchOutcome::Abandoned {
                         branch: plan.name.clone(),
-                        endpoint: endpoint.name.clone(),
                     };
                 }
-                Err(error) => {
-                    if attempt < endpoint.retries {
-                        telemetry::retry(message_id, &plan.name, &endpoint.name, &error);
+                let outcome = match first.take() {
+                    Some(first) => first.await,
+                    None => self.attempt(endpoint, Mode::Normal).await,
+                };
+                let outcome = match outcome {
+                    Err(e) if e.is_suspect() && !self.orphaned.is_cancelled() => {
+                        telemetry::isolating(message_id, &plan.name, &endpoint.name, &e);
+                        self.attempt(endpoint, Mode::Alone).await
                     }
-                    let next = endpoints.get(i + 1).map(|e| e.name.as_str());
-                    if attempt == endpoint.retries {
-                        telemetry::failover(message_id, &plan.name, &endpoint.name, next, &error);
+                    other => other,
+                };
+                match outcome {
+                    Ok(()) => {
+                        telemetry::forwarded(message_id, &plan.name, &endpoint.name);
+                        return BranchOutcome::Delivered {
+                            branch: plan.name.clone(),
+                            endpoint: endpoint.name.clone(),
+                        };
                     }
-                    last_error = Some(error);
+                    Err(PublishFailure::Rejected(why)) => {
+                        telemetry::rejected(message_id, &plan.name, &endpoint.name, &why);
+                        return BranchOutcome::Rejected {
+                            branch: plan.name.clone(),
+                            error: why,
+                        };
+                    }
+                    Err(error) => {
+                        if attempt < endpoint.retries {
+                            telemetry::retry(message_id, &plan.name, &endpoint.name, &error);
+                        } else {
+                            let next = endpoints.get(i + 1).map(|e| e.name.as_str());
+                            telemetry::failover(
+                                message_id,
+                                &plan.name,
+                                &endpoint.name,
+                                next,
+                                &error,
+                            );
+                        }
+                        last_error = Some(error);
+                    }
                 }
             }
         }
+        BranchOutcome::Failed {
+            branch: plan.name.clone(),
+            error: last_error.map_or_else(|| "no endpoint to try".to_owned(), |e| e.to_string()),
+        }
     }
-    BranchOutcome::Failed {
-        branch: plan.name.clone(),
-        error: last_error.map_or_else(|| "no endpoint to try".to_owned(), |e| e.to_string()),
+
+    fn attempt(&self, endpoint: &Endpoint, mode: Mode) -> Attempt {
+        self.publishers.publish(endpoint, self.envelope, mode)
+    }
+
+    /// A down endpoint is skipped while one after it in the list is up.
+    fn skippable(&self, endpoint: &Endpoint, after: &[&Arc<Endpoint>]) -> bool {
+        !self.publishers.is_up(endpoint) && after.iter().any(|e| self.publishers.is_up(e))
     }
 }

@@ -16,7 +16,8 @@ pub mod outcome;
 pub mod settle;
 
 use crate::broker::{
-    Connector, Publisher, Role, TopologyError, declare_endpoint_queue, prepare_inbound,
+    Blocking, Connector, EndpointHealth, Publisher, Role, TopologyError, declare_endpoint_queue,
+    prepare_inbound,
 };
 use crate::config::{DeadLetterMode, Endpoint, Settings};
 use crate::routing::RoutingTable;
@@ -25,7 +26,7 @@ use settle::Settler;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -48,6 +49,10 @@ pub struct Forwarder {
     /// Kept so the routing channel stays open; reload publishes through it.
     _routing_source: watch::Sender<Arc<RoutingTable>>,
     publishers_stop: CancellationToken,
+    /// One per message in flight, `prefetch` in all, across consumer reconnects.
+    permits: Arc<Semaphore>,
+    /// The blocked state of every publishing connection.
+    blocking: Vec<watch::Receiver<Blocking>>,
     /// Cancelled when the shutdown bound is reached: unfinished transactions
     /// drop their receipts, which requeues their messages.
     abandon: CancellationToken,
@@ -72,15 +77,15 @@ impl Forwarder {
             Role::Consume,
         ));
         let publishers_stop = CancellationToken::new();
-        let mut publishers = Publishers::default();
-        for endpoint in settings.endpoints.values() {
-            let connector = publish_connectors[&endpoint.broker].clone();
-            publishers.insert(Publisher::spawn(
+        let health_epoch = Arc::new(watch::Sender::new(0));
+        let publishers = Publishers::new(settings.endpoints.values().map(|endpoint| {
+            Publisher::spawn(
                 endpoint.clone(),
-                connector,
+                publish_connectors[&endpoint.broker].clone(),
+                Arc::new(EndpointHealth::new(&endpoint.name, health_epoch.clone())),
                 publishers_stop.clone(),
-            ));
-        }
+            )
+        }));
         let dead_letters = (settings.dead_letter.mode == DeadLetterMode::Republish).then(|| {
             let endpoint = Arc::new(Endpoint {
                 name: "dead-letter".to_owned(),
@@ -91,9 +96,11 @@ impl Forwarder {
                 confirm_timeout: Duration::from_secs(5),
                 retries: 0,
                 headers: Vec::new(),
+                probe_interval: Duration::from_secs(1),
             });
             let connector = publish_connectors[&settings.inbound.broker].clone();
-            Publisher::spawn(endpoint, connector, publishers_stop.clone())
+            let health = Arc::new(EndpointHealth::new(&endpoint.name, health_epoch.clone()));
+            Publisher::spawn(endpoint, connector, health, publishers_stop.clone())
         });
         let settler = Settler::new(
             settings.dead_letter.mode,
@@ -101,6 +108,8 @@ impl Forwarder {
             &settings.inbound.queue,
         );
         let (routing_source, routing) = watch::channel(settings.routing.clone());
+        let permits = Arc::new(Semaphore::new(usize::from(settings.inbound.prefetch)));
+        let blocking = publish_connectors.values().map(|c| c.blocking()).collect();
         Self {
             settings,
             consume_connector,
@@ -110,7 +119,16 @@ impl Forwarder {
             routing,
             _routing_source: routing_source,
             publishers_stop,
+            permits,
+            blocking,
             abandon: CancellationToken::new(),
+        }
+    }
+
+    /// Returns once no publishing broker blocks publishers.
+    async fn wait_until_publishing(&self) {
+        for blocking in &self.blocking {
+            let _ = blocking.clone().wait_for(|b| !b.blocked).await;
         }
     }
 
@@ -119,7 +137,7 @@ impl Forwarder {
         self.prepare(&shutdown).await?;
         crate::telemetry::config_loaded(1, self.settings.routing.branch_names().count());
         let tracker = TaskTracker::new();
-        let session = consume::consume_until(&self, &shutdown, &tracker).await;
+        let inbound = consume::consume_until(&self, &shutdown, &tracker).await;
         tracker.close();
         let bound = self.settings.shutdown_timeout;
         if tokio::time::timeout(bound, tracker.wait()).await.is_err() {
@@ -131,8 +149,8 @@ impl Forwarder {
             self.abandon.cancel();
             tracker.wait().await;
         }
-        if let Some(session) = session {
-            session.close().await;
+        if let Some(inbound) = inbound {
+            inbound.close().await;
         }
         self.publishers_stop.cancel();
         // Concurrently: a stalled broker must not add its close timeout to every other's.

@@ -21,6 +21,20 @@ pub enum BranchOutcome {
         /// The last error, one line.
         error: String,
     },
+    /// The broker refused the message itself (published alone, or checked
+    /// before publishing); no endpoint would take it as it is.
+    Rejected {
+        /// Branch name.
+        branch: Arc<str>,
+        /// The broker's reply, one line.
+        error: String,
+    },
+    /// Stopped because the inbound channel was lost: the broker redelivers
+    /// the message, so nothing more is sent for it.
+    Abandoned {
+        /// Branch name.
+        branch: Arc<str>,
+    },
 }
 
 /// Every branch's outcome for one message.
@@ -37,6 +51,12 @@ pub enum Reason {
     Exhausted,
     /// No filter matched.
     NoRoute,
+    /// The destination broker refused the message itself.
+    Rejected,
+    /// The message kept coming back (`inbound.max_redeliveries`).
+    Poison,
+    /// The message was forwarded too many times (`inbound.max_hops`).
+    Loop,
 }
 
 impl Reason {
@@ -45,6 +65,9 @@ impl Reason {
         match self {
             Self::Exhausted => "exhausted",
             Self::NoRoute => "no-route",
+            Self::Rejected => "rejected",
+            Self::Poison => "poison",
+            Self::Loop => "loop",
         }
     }
 }
@@ -54,6 +77,8 @@ impl Reason {
 pub enum Verdict {
     /// Every branch delivered: ack.
     Commit,
+    /// The inbound channel is gone: settle nothing, the broker redelivers.
+    Abandon,
     /// Dead-letter, recording which branches failed and which were delivered.
     DeadLetter {
         /// Why.
@@ -70,9 +95,14 @@ pub enum Verdict {
 impl Verdict {
     /// The verdict for a message no filter matched.
     pub fn no_route() -> Self {
+        Self::refuse(Reason::NoRoute, "no filter-table entry matched".to_owned())
+    }
+
+    /// A dead letter decided before any branch ran.
+    pub fn refuse(reason: Reason, error: String) -> Self {
         Self::DeadLetter {
-            reason: Reason::NoRoute,
-            error: "no filter-table entry matched".to_owned(),
+            reason,
+            error,
             failed: Vec::new(),
             delivered: Vec::new(),
         }
@@ -80,15 +110,24 @@ impl Verdict {
 }
 
 impl Outcome {
-    /// Commit when every branch delivered; otherwise dead-letter as exhausted.
+    /// Commit when every branch delivered; abandon when the inbound channel
+    /// was lost; otherwise dead-letter: `rejected` when the broker refused
+    /// the message itself, `exhausted` when lists ran out.
     pub fn verdict(&self) -> Verdict {
         let mut failed = Vec::new();
         let mut delivered = Vec::new();
         let mut errors = Vec::new();
+        let mut reason = Reason::Exhausted;
         for branch in &self.branches {
             match branch {
                 BranchOutcome::Delivered { branch, .. } => delivered.push(branch.to_string()),
+                BranchOutcome::Abandoned { .. } => return Verdict::Abandon,
                 BranchOutcome::Failed { branch, error } => {
+                    failed.push(branch.to_string());
+                    errors.push(format!("{branch}: {error}"));
+                }
+                BranchOutcome::Rejected { branch, error } => {
+                    reason = Reason::Rejected;
                     failed.push(branch.to_string());
                     errors.push(format!("{branch}: {error}"));
                 }
@@ -98,7 +137,7 @@ impl Outcome {
             Verdict::Commit
         } else {
             Verdict::DeadLetter {
-                reason: Reason::Exhausted,
+                reason,
                 error: errors.join("; "),
                 failed,
                 delivered,
@@ -156,5 +195,34 @@ mod tests {
     fn reasons_have_their_documented_names() {
         assert_eq!(Reason::Exhausted.as_str(), "exhausted");
         assert_eq!(Reason::NoRoute.as_str(), "no-route");
+        assert_eq!(Reason::Rejected.as_str(), "rejected");
+        assert_eq!(Reason::Poison.as_str(), "poison");
+        assert_eq!(Reason::Loop.as_str(), "loop");
+    }
+
+    #[test]
+    fn a_refused_message_is_rejected_and_a_lost_channel_abandons() {
+        let rejected = Outcome {
+            branches: vec![
+                delivered("logging"),
+                BranchOutcome::Rejected {
+                    branch: "service".into(),
+                    error: "406".to_owned(),
+                },
+            ],
+        };
+        assert!(matches!(
+            rejected.verdict(),
+            Verdict::DeadLetter { reason: Reason::Rejected, ref failed, .. } if failed == &["service"]
+        ));
+        let abandoned = Outcome {
+            branches: vec![
+                failed("logging", "nacked"),
+                BranchOutcome::Abandoned {
+                    branch: "service".into(),
+                },
+            ],
+        };
+        assert_eq!(abandoned.verdict(), Verdict::Abandon);
     }
 }

@@ -4,19 +4,27 @@
 //! the broker routes it through the inbound queue's dead-letter exchange,
 //! which startup verified. In `republish` mode an annotated copy (the
 //! `x-switchyard-*` headers of SPEC section 6) is published with a confirm
-//! and only then is the original acked; if that copy cannot be confirmed
-//! the original is requeued, never dropped.
+//! and only then is the original acked. A copy that cannot be confirmed is
+//! retried with capped backoff while the original stays unacked, so
+//! delivered branches are never sent again; a copy the broker refuses for
+//! itself (too large a header, a foreign user_id) is sent again in a form
+//! that fits: without the producer's headers and user_id, annotated. An
+//! abandoned verdict (the inbound channel is gone) settles nothing: the
+//! broker redelivers the message.
 
 use super::outcome::Verdict;
-use crate::broker::{AmqpValue, FieldArray, PublishFailure, Publisher, Receipt, ShortString};
+use crate::broker::{
+    AmqpValue, FieldArray, Mode, Properties, PublishFailure, Publisher, Receipt, ShortString,
+};
 use crate::config::DeadLetterMode;
 use crate::envelope::Envelope;
 use crate::telemetry;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// Attempts at publishing a dead letter before requeueing the original.
-const DEAD_LETTER_ATTEMPTS: u32 = 3;
+/// First and longest pause between two tries of a dead-letter copy.
+const RETRY_FIRST: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// Turns verdicts into settlements.
 #[derive(Clone)]
@@ -39,38 +47,30 @@ impl Settler {
 
     /// Settles one message.
     pub async fn settle(&self, envelope: &Arc<Envelope>, receipt: Receipt, verdict: Verdict) {
-        let Verdict::DeadLetter {
-            reason,
-            error,
-            failed,
-            delivered,
-        } = verdict
-        else {
-            receipt.ack();
-            return;
-        };
         let message_id = envelope.message_id();
-        let reason = reason.as_str();
-        let error = one_line(&error);
+        let (reason, error, failed, delivered) = match verdict {
+            Verdict::Commit => return receipt.ack(),
+            Verdict::Abandon => return telemetry::abandoned(message_id),
+            Verdict::DeadLetter {
+                reason,
+                error,
+                failed,
+                delivered,
+            } => (reason.as_str(), one_line(&error), failed, delivered),
+        };
         match (&self.mode, &self.dead_letters) {
             (DeadLetterMode::Republish, Some(publisher)) => {
                 let headers = annotations(reason, &error, &failed, &delivered, &self.source_queue);
-                match publish_with_retries(publisher, envelope, headers).await {
-                    Ok(()) => {
-                        telemetry::dead_lettered(
-                            message_id,
-                            reason,
-                            &error,
-                            &failed,
-                            &delivered,
-                            "republish",
-                        );
-                        receipt.ack();
-                    }
-                    Err(e) => {
-                        telemetry::dead_letter_failed(message_id, reason, &e);
-                        receipt.reject(true);
-                    }
+                if publish_dead_letter(publisher, envelope, headers, &receipt, reason).await {
+                    telemetry::dead_lettered(
+                        message_id,
+                        reason,
+                        &error,
+                        &failed,
+                        &delivered,
+                        "republish",
+                    );
+                    receipt.ack();
                 }
             }
             _ => {
@@ -81,23 +81,71 @@ impl Settler {
     }
 }
 
-async fn publish_with_retries(
+/// Publishes the dead-letter copy until it is confirmed (`true`) or the
+/// inbound channel is lost (`false`: the broker redelivers the original).
+async fn publish_dead_letter(
     publisher: &Publisher,
     envelope: &Arc<Envelope>,
     headers: Vec<(ShortString, AmqpValue)>,
-) -> Result<(), PublishFailure> {
-    let mut delay = Duration::from_millis(100);
-    let mut attempt = 1;
+    receipt: &Receipt,
+    reason: &str,
+) -> bool {
+    let message_id = envelope.message_id();
+    let mut copy = envelope.clone();
+    let mut extra = headers;
+    let mut mode = Mode::Normal;
+    let mut delay = RETRY_FIRST;
     loop {
-        match publisher.publish(envelope.clone(), headers.clone()).await {
-            Ok(()) => return Ok(()),
-            Err(e) if attempt >= DEAD_LETTER_ATTEMPTS => return Err(e),
-            Err(_) => {
-                tokio::time::sleep(delay).await;
-                delay *= 2;
-                attempt += 1;
+        if receipt.lost().is_cancelled() {
+            return false;
+        }
+        match publisher.publish(copy.clone(), extra.clone(), mode).await {
+            Ok(()) => return true,
+            Err(e) if e.is_suspect() => mode = Mode::Alone,
+            Err(PublishFailure::Rejected(why)) if Arc::ptr_eq(&copy, envelope) => {
+                telemetry::dead_letter_reduced(message_id, reason, &why);
+                let removed = envelope.headers().map_or(0, |h| h.inner().len());
+                extra.push((
+                    "x-switchyard-removed-headers".into(),
+                    AmqpValue::LongLongInt(removed as i64),
+                ));
+                copy = Arc::new(fitting(envelope));
+                mode = Mode::Normal;
+            }
+            Err(e) => {
+                telemetry::dead_letter_retry(message_id, reason, &e, delay);
+                mode = Mode::Normal;
+                tokio::select! {
+                    () = receipt.lost().cancelled() => return false,
+                    () = tokio::time::sleep(delay) => {}
+                }
+                delay = (delay * 2).min(RETRY_MAX);
             }
         }
+    }
+}
+
+/// The message without the producer's headers and user_id: what is left of
+/// a message the broker refused is its body and its other properties.
+fn fitting(envelope: &Envelope) -> Envelope {
+    let p = &envelope.properties;
+    let mut kept = Properties::default();
+    macro_rules! keep {
+        ($($get:ident => $set:ident),*) => {$(
+            if let Some(value) = p.$get() {
+                kept = kept.$set(value.clone());
+            }
+        )*};
+    }
+    keep!(content_type => with_content_type, content_encoding => with_content_encoding,
+        delivery_mode => with_delivery_mode, priority => with_priority,
+        correlation_id => with_correlation_id, reply_to => with_reply_to,
+        expiration => with_expiration, message_id => with_message_id,
+        timestamp => with_timestamp, kind => with_type, app_id => with_app_id,
+        cluster_id => with_cluster_id);
+    Envelope {
+        properties: kept,
+        ..envelope.clone()
     }
 }
 

@@ -179,6 +179,7 @@ mod tests {
             confirm_timeout: Duration::from_secs(5),
             retries: 0,
             headers: Vec::new(),
+            probe_interval: std::time::Duration::from_secs(1),
         })
     }
 

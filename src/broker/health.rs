@@ -1,0 +1,82 @@
+//! Endpoint health: the cheap view `deliver` reads to pick the first usable
+//! endpoint of a list.
+//!
+//! An endpoint that failed at the connection or channel level (unreachable,
+//! connection lost, channel closed, confirm timeout) is marked down; new
+//! messages skip it at once and its publisher probes it in the background
+//! every `probe_interval_ms`. When a probe or a confirmed publish succeeds it
+//! is up again, and failover lists start from it again. Every change bumps
+//! one shared epoch, so a branch waiting out an outage wakes on any recovery.
+
+use crate::telemetry;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use tokio::sync::watch;
+
+const UP: u8 = 0;
+const DOWN_CHANNEL: u8 = 1;
+const DOWN_CONNECTION: u8 = 2;
+
+/// Why an endpoint is down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Down {
+    /// Its broker cannot be reached or the connection was lost.
+    Connection,
+    /// The broker is there but the endpoint's channel failed or stalled.
+    Channel,
+}
+
+/// One endpoint's health, shared by its publisher (which writes it) and the
+/// deliveries that read it.
+#[derive(Debug)]
+pub struct EndpointHealth {
+    endpoint: String,
+    state: AtomicU8,
+    epoch: Arc<watch::Sender<u64>>,
+}
+
+impl EndpointHealth {
+    /// Starts up; `epoch` is shared by every endpoint of one forwarder.
+    pub fn new(endpoint: &str, epoch: Arc<watch::Sender<u64>>) -> Self {
+        telemetry::endpoint_up(endpoint, true);
+        Self {
+            endpoint: endpoint.to_owned(),
+            state: AtomicU8::new(UP),
+            epoch,
+        }
+    }
+
+    /// Whether new messages should use it.
+    pub fn is_up(&self) -> bool {
+        self.state.load(Ordering::Relaxed) == UP
+    }
+
+    /// Down because its broker is unreachable.
+    pub fn is_unreachable(&self) -> bool {
+        self.state.load(Ordering::Relaxed) == DOWN_CONNECTION
+    }
+
+    /// Marks it down; logs only the change.
+    pub fn mark_down(&self, why: Down, error: &dyn std::fmt::Display) {
+        let next = match why {
+            Down::Connection => DOWN_CONNECTION,
+            Down::Channel => DOWN_CHANNEL,
+        };
+        if self.state.swap(next, Ordering::Relaxed) != next {
+            telemetry::endpoint_down(&self.endpoint, why, error);
+            self.bump();
+        }
+    }
+
+    /// Marks it up; logs only the change.
+    pub fn mark_up(&self) {
+        if self.state.swap(UP, Ordering::Relaxed) != UP {
+            telemetry::endpoint_recovered(&self.endpoint);
+            self.bump();
+        }
+    }
+
+    fn bump(&self) {
+        self.epoch.send_modify(|n| *n += 1);
+    }
+}
