@@ -7,6 +7,10 @@ use std::borrow::Cow;
 
 /// Header naming the only branches a message should reach (set by redrive).
 pub const ONLY_HEADER: &str = "x-switchyard-only";
+/// Header counting how many times a message was forwarded.
+pub const HOPS_HEADER: &str = "x-switchyard-hops";
+/// Prefix of every header the forwarder owns; producers' are stripped.
+pub const OWN_PREFIX: &str = "x-switchyard-";
 
 /// One inbound message.
 #[derive(Debug, Clone)]
@@ -42,6 +46,15 @@ impl Envelope {
     /// A header by name.
     pub fn header(&self, name: &str) -> Option<&AmqpValue> {
         self.headers().and_then(|h| h.inner().get(name))
+    }
+
+    /// How many times this message was forwarded before (`x-switchyard-hops`;
+    /// 0 when absent or not a number).
+    pub fn hops(&self) -> u32 {
+        self.header(HOPS_HEADER)
+            .and_then(value_text)
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(0)
     }
 
     /// Branch names from `x-switchyard-only`, if the header is present: an

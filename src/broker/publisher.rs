@@ -26,7 +26,7 @@ use super::frame_size::content_header_frame;
 use super::health::{Down, EndpointHealth};
 use super::{AmqpValue, FieldTable, ShortString};
 use crate::config::Endpoint;
-use crate::envelope::{Envelope, value_text};
+use crate::envelope::{Envelope, HOPS_HEADER, OWN_PREFIX, value_text};
 use crate::telemetry;
 use futures_util::FutureExt;
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -420,14 +420,28 @@ impl Actor {
         Ok(channel)
     }
 
+    /// The copy's properties: the message's own, without any `x-switchyard-*`
+    /// header a producer sent in, plus the endpoint's headers, the caller's
+    /// extra headers, the hop count and the publish id.
     fn properties(&self, request: &Request) -> BasicProperties {
-        let mut headers = request.envelope.headers().cloned().unwrap_or_default();
+        let mut headers = FieldTable::default();
+        if let Some(incoming) = request.envelope.headers() {
+            for (name, value) in incoming.inner() {
+                if !name.as_str().starts_with(OWN_PREFIX) {
+                    headers.insert(name.clone(), value.clone());
+                }
+            }
+        }
         for (name, value) in &self.endpoint.headers {
             headers.insert(
                 name.as_str().into(),
                 AmqpValue::LongString(value.as_str().into()),
             );
         }
+        headers.insert(
+            HOPS_HEADER.into(),
+            AmqpValue::LongLongInt(i64::from(request.envelope.hops()) + 1),
+        );
         for (name, value) in &request.extra_headers {
             headers.insert(name.clone(), value.clone());
         }

@@ -17,7 +17,7 @@ use crate::broker::{
     AmqpValue, FieldArray, Mode, Properties, PublishFailure, Publisher, Receipt, ShortString,
 };
 use crate::config::DeadLetterMode;
-use crate::envelope::Envelope;
+use crate::envelope::{Envelope, HOPS_HEADER};
 use crate::telemetry;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -60,7 +60,13 @@ impl Settler {
         };
         match (&self.mode, &self.dead_letters) {
             (DeadLetterMode::Republish, Some(publisher)) => {
-                let headers = annotations(reason, &error, &failed, &delivered, &self.source_queue);
+                let mut headers =
+                    annotations(reason, &error, &failed, &delivered, &self.source_queue);
+                // A dead letter is not a forward: it keeps the hops it came with.
+                headers.push((
+                    HOPS_HEADER.into(),
+                    AmqpValue::LongLongInt(i64::from(envelope.hops())),
+                ));
                 if publish_dead_letter(publisher, envelope, headers, &receipt, reason).await {
                     telemetry::dead_lettered(
                         message_id,
