@@ -91,6 +91,8 @@ impl Forwarder {
                 confirm_timeout: Duration::from_secs(5),
                 retries: 0,
                 headers: Vec::new(),
+                declare_queue_type: Default::default(),
+                probe_interval: Duration::from_secs(1),
             });
             let connector = publish_connectors[&settings.inbound.broker].clone();
             Publisher::spawn(endpoint, connector, publishers_stop.clone())
