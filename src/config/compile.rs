@@ -1,9 +1,9 @@
 //! [`compile`]: raw configuration → [`Settings`], or the first invalid key.
 
 use super::error::InvalidKey;
-use super::raw::{RawConfig, RawFilter, RawFilterEntry};
+use super::raw::{RawConfig, RawEndpoint, RawFilter, RawFilterEntry};
 use super::{BrokerSpec, DeadLetter, DeadLetterMode, Endpoint, Inbound, QueueType, Settings};
-use crate::broker::validate_uri;
+use crate::broker::{same_vhost, validate_uri};
 use crate::routing::{
     Branch, Filter, Outage, Property, RoutingTable, Strategy, TopicPattern, ValueTest,
 };
@@ -80,6 +80,7 @@ pub fn compile(raw: &RawConfig) -> Result<Settings> {
                 "must be greater than 0",
             ));
         }
+        check_endpoint_loop(name, e, raw, &brokers)?;
         let declare_queue_type = match (&e.declare_queue_type, &e.declare_queue) {
             (None, _) => QueueType::Classic,
             (Some(_), None) => {
@@ -239,6 +240,27 @@ fn compile_dead_letter(raw: &RawConfig) -> Result<DeadLetter> {
             "cannot be bound to the default exchange; name a dead_letter.exchange",
         ));
     }
+    let inbound_queue = raw.inbound.queue.as_str();
+    if d.exchange.is_empty() && d.routing_key == inbound_queue {
+        return Err(InvalidKey::new(
+            "dead_letter.routing_key",
+            format!(
+                "publishing dead letters to \"{inbound_queue}\" through the default exchange \
+                 would route every dead letter back into the inbound queue (a dead-letter loop); \
+                 name the dead-letter queue"
+            ),
+        ));
+    }
+    if d.queue.as_deref() == Some(inbound_queue) {
+        return Err(InvalidKey::new(
+            "dead_letter.queue",
+            format!(
+                "\"{inbound_queue}\" is the inbound queue: binding it to dead_letter.exchange \
+                 would route every dead letter back into the inbound queue (a dead-letter loop); \
+                 name another queue"
+            ),
+        ));
+    }
     let dlq_type = match (&d.queue_type, &d.queue) {
         (None, _) => QueueType::Classic,
         (Some(_), None) => {
@@ -256,6 +278,53 @@ fn compile_dead_letter(raw: &RawConfig) -> Result<DeadLetter> {
         queue: d.queue.clone(),
         queue_type: dlq_type,
     })
+}
+
+/// Refuses an endpoint that publishes straight back into the inbound queue
+/// (SPEC 8): on the inbound's broker (by name, or by host, port and vhost),
+/// through the default exchange with the inbound queue as routing key, or
+/// declaring the inbound queue as its destination.
+fn check_endpoint_loop(
+    name: &str,
+    e: &RawEndpoint,
+    raw: &RawConfig,
+    brokers: &BTreeMap<String, Arc<BrokerSpec>>,
+) -> Result<()> {
+    let inbound = &raw.inbound;
+    let broker = if e.broker == inbound.broker {
+        format!("broker \"{}\", the inbound's broker", e.broker)
+    } else {
+        match (brokers.get(&e.broker), brokers.get(&inbound.broker)) {
+            (Some(ours), Some(theirs)) if same_vhost(ours.secret_uri(), theirs.secret_uri()) => {
+                format!(
+                    "broker \"{}\", which has the host, port and vhost of the inbound's broker \"{}\"",
+                    e.broker, inbound.broker
+                )
+            }
+            _ => return Ok(()),
+        }
+    };
+    let queue = &inbound.queue;
+    let (key, what) = if e.exchange.is_empty() && e.routing_key == *queue {
+        (
+            "routing_key",
+            format!("publishing to \"{queue}\" through the default exchange of {broker},"),
+        )
+    } else if e.declare_queue.as_ref() == Some(queue) {
+        (
+            "declare_queue",
+            format!("\"{queue}\" is the inbound queue on {broker}: this endpoint"),
+        )
+    } else {
+        return Ok(());
+    };
+    Err(InvalidKey::new(
+        format!("endpoints.{name}.{key}"),
+        format!(
+            "{what} would route every copy back into the inbound queue (a forwarding loop); \
+             name another queue"
+        ),
+    ))
 }
 
 fn queue_type(key: &str, value: &str) -> Result<QueueType> {

@@ -376,12 +376,62 @@ fn invalid_configurations_fail_with_their_exact_error() {
             "test.toml: filter_table[0].outage: unknown outage \"hold\" (expected \"dead_letter\" or \"wait\")",
         ),
         (
+            BASE.replace("routing_key = \"service.backup\"", "routing_key = \"work.in\""),
+            "test.toml: endpoints.backup.routing_key: publishing to \"work.in\" through the default exchange of broker \"main\", the inbound's broker, would route every copy back into the inbound queue (a forwarding loop); name another queue",
+        ),
+        (
+            with("[brokers.alias]\nuri = \"amqp://other:pw@localhost/%2F\"\n[endpoints.again]\nbroker = \"alias\"\nrouting_key = \"work.in\""),
+            "test.toml: endpoints.again.routing_key: publishing to \"work.in\" through the default exchange of broker \"alias\", which has the host, port and vhost of the inbound's broker \"main\", would route every copy back into the inbound queue (a forwarding loop); name another queue",
+        ),
+        (
+            BASE.replace(
+                "routing_key = \"service.backup\"",
+                "exchange = \"amq.direct\"\nrouting_key = \"work\"\ndeclare_queue = \"work.in\"",
+            ),
+            "test.toml: endpoints.backup.declare_queue: \"work.in\" is the inbound queue on broker \"main\", the inbound's broker: this endpoint would route every copy back into the inbound queue (a forwarding loop); name another queue",
+        ),
+        (
+            BASE.replace("exchange = \"work.dlx\"\nrouting_key = \"work.dlq\"\nqueue = \"work.dlq\"", "exchange = \"\"\nrouting_key = \"work.in\""),
+            "test.toml: dead_letter.routing_key: publishing dead letters to \"work.in\" through the default exchange would route every dead letter back into the inbound queue (a dead-letter loop); name the dead-letter queue",
+        ),
+        (
+            BASE.replace("queue = \"work.dlq\"", "queue = \"work.in\""),
+            "test.toml: dead_letter.queue: \"work.in\" is the inbound queue: binding it to dead_letter.exchange would route every dead letter back into the inbound queue (a dead-letter loop); name another queue",
+        ),
+        (
             with("[admin]\nlisten = \"localhost\""),
             "test.toml: admin.listen: \"localhost\" is not a host:port address",
         ),
     ];
     for (toml, expected) in cases {
         assert_eq!(error_of(&toml), expected);
+    }
+}
+
+#[test]
+fn routing_into_the_inbound_queue_elsewhere_is_no_loop() {
+    let cases = [
+        // Another vhost, port or host of the same server.
+        "[brokers.other]\nuri = \"amqp://guest:guest@127.0.0.1:5672/other\"",
+        "[brokers.other]\nuri = \"amqp://guest:guest@127.0.0.1:5673/%2f\"",
+        "[brokers.other]\nuri = \"amqp://guest:guest@rabbit.example/%2f\"",
+    ];
+    for broker in cases {
+        let toml = with(&format!(
+            "{broker}\n[endpoints.remote]\nbroker = \"other\"\nrouting_key = \"work.in\"\ndeclare_queue = \"work.in\""
+        ));
+        if let Err(e) = load_str(&toml, "test.toml") {
+            panic!("{broker}: {e}");
+        }
+    }
+    // A named exchange with the inbound queue's name as routing key is not
+    // the default exchange: nothing says where it routes.
+    let via_exchange = BASE.replace(
+        "routing_key = \"service.backup\"",
+        "exchange = \"fanout.out\"\nrouting_key = \"work.in\"",
+    );
+    if let Err(e) = load_str(&via_exchange, "test.toml") {
+        panic!("{e}");
     }
 }
 
