@@ -165,11 +165,11 @@ impl Forwarder {
             }
         }
         for endpoint in self.settings.endpoints.values() {
-            let Some(queue) = &endpoint.declare_queue else {
+            if endpoint.declare_queue.is_none() {
                 continue;
-            };
+            }
             let connector = &self.publish_connectors[&endpoint.broker];
-            match declare_endpoint_queue(connector, queue).await {
+            match declare_endpoint_queue(connector, endpoint).await {
                 Ok(()) => {}
                 Err(TopologyError::Refused(why)) => return Err(RunError::Topology(why)),
                 Err(TopologyError::Unreachable(why)) => {
