@@ -336,3 +336,56 @@ fn usage_errors_exit_2_and_help_exits_0() {
         assert!(text.contains(command), "--help lists {command:?}:\n{text}");
     }
 }
+
+#[test]
+fn check_refuses_an_endpoint_that_routes_into_the_inbound_queue() {
+    let config = TempConfig::new(
+        "cli-loop",
+        &repo_config_with(
+            "routing_key = \"logging.backup\"\ndeclare_queue = \"logging.backup\"",
+            "routing_key = \"work.in\"",
+        ),
+    );
+    assert_invalid(
+        &config,
+        &[
+            "endpoints.backupLoggingQueue.routing_key",
+            "\"work.in\"",
+            "would route every copy back into the inbound queue (a forwarding loop)",
+        ],
+    );
+
+    // The same queue through an alias of the inbound's broker, overridden
+    // from the environment: still a loop.
+    let alias = TempConfig::new(
+        "cli-loop-alias",
+        &format!(
+            "{}\n[brokers.alias]\nuri = \"amqp://guest:guest@localhost:5672/%2F\"\n",
+            repo_config_with(
+                "broker = \"main\"\nrouting_key = \"logging.backup\"",
+                "broker = \"alias\"\nrouting_key = \"logging.backup\"",
+            )
+        ),
+    );
+    let out = run(switchyard()
+        .arg("check")
+        .arg("--config")
+        .arg(alias.path())
+        .env(
+            "SWITCHYARD__ENDPOINTS__BACKUPLOGGINGQUEUE__ROUTING_KEY",
+            "work.in",
+        ));
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "stderr: {err}");
+    assert!(
+        err.contains("endpoints.backupLoggingQueue.routing_key")
+            && err.contains("broker \"alias\", which has the host, port and vhost of the inbound's broker \"main\""),
+        "{err}"
+    );
+
+    let dead_letter = TempConfig::new(
+        "cli-dead-letter-loop",
+        &repo_config_with("queue = \"work.dlq\"", "queue = \"work.in\""),
+    );
+    assert_invalid(&dead_letter, &["dead_letter.queue", "(a dead-letter loop)"]);
+}

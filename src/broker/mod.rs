@@ -48,6 +48,33 @@ pub fn validate_uri(uri: &str) -> Result<(), String> {
         .map_err(|e| format!("not a valid AMQP URI: {}", redact_in(&e.to_string(), uri)))
 }
 
+/// Whether two broker URIs reach the same virtual host: same host (the
+/// loopback names `localhost`, `127.0.0.1` and `::1` count as one), same
+/// port (defaults applied) and same vhost. URIs that do not parse never match.
+pub fn same_vhost(a: &str, b: &str) -> bool {
+    match (vhost_address(a), vhost_address(b)) {
+        (Some(a), Some(b)) => a == b,
+        _ => false,
+    }
+}
+
+fn vhost_address(uri: &str) -> Option<(String, u16, String)> {
+    let parsed = lapin::uri::AMQPUri::from_str(uri).ok()?;
+    let rest = uri.split_once("://")?.1;
+    let authority = &rest[..rest.find(['/', '?']).unwrap_or(rest.len())];
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let host = match host_port.strip_prefix('[') {
+        Some(v6) => v6.split_once(']').map_or(v6, |(h, _)| h),
+        None => host_port.split_once(':').map_or(host_port, |(h, _)| h),
+    }
+    .to_ascii_lowercase();
+    let host = match host.as_str() {
+        "127.0.0.1" | "::1" | "" => "localhost".to_owned(),
+        _ => host,
+    };
+    Some((host, parsed.authority.port, parsed.vhost))
+}
+
 /// `uri` with its password replaced by `***`.
 pub fn redact_uri(uri: &str) -> String {
     let Some((scheme, rest)) = uri.split_once("://") else {
@@ -70,7 +97,7 @@ fn redact_in(text: &str, uri: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{redact_uri, validate_uri};
+    use super::{redact_uri, same_vhost, validate_uri};
 
     #[test]
     fn redaction_hides_the_password_only() {
@@ -98,5 +125,30 @@ mod tests {
         assert!(!err.contains("secret"), "{err}");
         let err = validate_uri("amqp://guest:secret@host:notaport/").unwrap_err();
         assert!(!err.contains("secret"), "{err}");
+    }
+
+    #[test]
+    fn same_vhost_compares_host_port_and_vhost() {
+        let main = "amqp://guest:guest@127.0.0.1:5672/%2f";
+        let same = [
+            main,
+            "amqp://other:pw@localhost/%2F",
+            "amqp://guest:guest@[::1]:5672/%2f?heartbeat=5",
+            "amqp://LOCALHOST:5672",
+        ];
+        for uri in same {
+            assert!(same_vhost(main, uri), "{uri}");
+        }
+        let different = [
+            "amqp://guest:guest@127.0.0.1:5673/%2f",
+            "amqp://guest:guest@127.0.0.1:5672/other",
+            "amqp://guest:guest@127.0.0.1:5672/",
+            "amqp://guest:guest@rabbit.example:5672/%2f",
+            "amqps://guest:guest@127.0.0.1/%2f",
+            "not a uri",
+        ];
+        for uri in different {
+            assert!(!same_vhost(main, uri), "{uri}");
+        }
     }
 }

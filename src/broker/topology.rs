@@ -1,19 +1,35 @@
-//! Startup declarations, and the checks that make `nack` dead-lettering
-//! safe: the inbound queue must carry the configured dead-letter exchange,
-//! and that exchange must exist, or a nacked message would be discarded.
+//! Startup declarations, and the checks that make dead-lettering safe: the
+//! inbound queue must carry the configured dead-letter exchange (in `nack`
+//! mode, unless a policy is trusted to set it), and that exchange must exist,
+//! or a nacked message would be discarded.
+//!
+//! Queues are declared with their configured type (`x-queue-type`). A
+//! queue that already exists is compared only on the arguments that matter:
+//! its type, and in `nack` mode its dead-letter exchange and routing key.
+//! Other arguments an operator gave it (a length limit, a TTL, a delivery
+//! limit) are read back from the broker's refusal and kept, so a
+//! redeclaration never fails on them. A mismatch that matters is a one-line
+//! error naming the argument, the queue's message count and what to change.
 //!
 //! Every operation runs on its own short-lived channel, because a refused
 //! declaration closes the channel it was made on.
 
 use super::connector::Connector;
 use super::{AmqpValue, FieldTable};
-use crate::config::{DeadLetterMode, Settings};
+use crate::config::{DeadLetterMode, Endpoint, QueueType, Settings};
 use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::protocol::AMQPErrorKind;
 use lapin::{Channel, ErrorKind, ExchangeKind};
 use std::time::Duration;
 
 const OP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Most arguments of an existing queue that are read back and kept; the
+/// broker knows fewer declarable arguments than this.
+const MAX_ADOPTED: usize = 24;
+
+/// The arguments that make a quorum queue's dead-lettering at-least-once.
+const AT_LEAST_ONCE: [&str; 2] = ["x-dead-letter-strategy", "x-overflow"];
 
 /// A startup declaration failed.
 #[derive(Debug, thiserror::Error)]
@@ -28,7 +44,8 @@ pub enum TopologyError {
 }
 
 /// Declares (or, with `inbound.declare = false`, verifies) the dead-letter
-/// exchange and queue and the inbound queue with its dead-letter arguments.
+/// exchange and queue and the inbound queue with its type and dead-letter
+/// arguments.
 pub async fn prepare_inbound(
     connector: &Connector,
     settings: &Settings,
@@ -57,9 +74,9 @@ pub async fn prepare_inbound(
     if inbound.declare
         && let Some(queue) = &dl.queue
     {
-        declare_queue(connector, queue, FieldTable::default())
-            .await
-            .map_err(|e| e.into_error(&format!("dead_letter.queue \"{queue}\"")))?;
+        let spec = QueueSpec::new("dead_letter.queue", queue, &inbound.broker, true)
+            .typed("dead_letter.queue_type", dl.queue_type);
+        ensure_queue(connector, &spec).await?;
         run(connector, |ch| async move {
             ch.queue_bind(
                 queue.as_str().into(),
@@ -73,68 +90,449 @@ pub async fn prepare_inbound(
         .await
         .map_err(|e| e.into_error(&format!("binding dead_letter.queue \"{queue}\"")))?;
     }
-
-    let arguments = inbound_arguments(settings);
-    let queue = inbound.queue.as_str();
-    if !inbound.declare {
-        passive_queue(connector, queue).await.map_err(|e| match e {
-            Op::Refused(404, _) => TopologyError::Refused(format!(
-                "inbound.queue \"{queue}\" does not exist on broker \"{}\": create it, or set inbound.declare = true",
-                inbound.broker
-            )),
-            other => other.into_error(&format!("inbound.queue \"{queue}\"")),
-        })?;
-        if dl.mode == DeadLetterMode::Republish {
-            return Ok(());
-        }
-    }
-    // Declaring with the expected arguments is idempotent when the queue has
-    // exactly them and refused (406) otherwise: that is the check.
-    declare_queue(connector, queue, arguments).await.map_err(|e| match e {
-        Op::Refused(406, text) => TopologyError::Refused(format!(
-            "inbound.queue \"{queue}\" exists with other arguments than x-dead-letter-exchange = \"{}\", \
-             x-dead-letter-routing-key = \"{}\"{} ({text}); in nack mode a dead letter would be lost: \
-             delete and let switchyard declare it, redeclare it with these arguments, or set dead_letter.mode = \"republish\"",
-            dl.exchange,
-            dl.routing_key,
-            if inbound.single_active_consumer { ", x-single-active-consumer = true" } else { "" },
-        )),
-        other => other.into_error(&format!("inbound.queue \"{queue}\"")),
-    })
+    ensure_queue(connector, &inbound_spec(settings)).await
 }
 
-/// Declares an endpoint's durable queue.
+/// Declares an endpoint's `declare_queue`, if it has one, with its type.
 pub async fn declare_endpoint_queue(
     connector: &Connector,
-    queue: &str,
+    endpoint: &Endpoint,
 ) -> Result<(), TopologyError> {
-    declare_queue(connector, queue, FieldTable::default())
-        .await
-        .map_err(|e| {
-            e.into_error(&format!(
-                "queue \"{queue}\" on broker \"{}\"",
-                connector.broker()
-            ))
-        })
+    let Some(queue) = &endpoint.declare_queue else {
+        return Ok(());
+    };
+    let key = format!("endpoints.{}.declare_queue", endpoint.name);
+    let spec = QueueSpec::new(&key, queue, &endpoint.broker, true).typed(
+        &format!("endpoints.{}.declare_queue_type", endpoint.name),
+        endpoint.declare_queue_type,
+    );
+    ensure_queue(connector, &spec).await
 }
 
-fn inbound_arguments(settings: &Settings) -> FieldTable {
+/// The inbound queue as the configuration wants it.
+///
+/// In `nack` mode the dead-letter arguments must hold, since the broker
+/// routes every nack through them. A quorum queue in `nack` mode is created
+/// with `x-dead-letter-strategy = at-least-once`, which RabbitMQ honours only
+/// together with `x-overflow = reject-publish` (otherwise it falls back to
+/// at-most-once): a dead letter then leaves the inbound queue only once the
+/// dead-letter queue has confirmed it. An existing queue may differ there;
+/// that is logged, not refused. With `dead_letter_by_policy` no dead-letter
+/// argument is declared or checked: the policy is trusted.
+fn inbound_spec(settings: &Settings) -> QueueSpec<'_> {
+    let inbound = &settings.inbound;
     let dl = &settings.dead_letter;
-    let mut args = FieldTable::default();
-    args.insert(
-        "x-dead-letter-exchange".into(),
-        AmqpValue::LongString(dl.exchange.as_str().into()),
-    );
-    if !dl.routing_key.is_empty() {
-        args.insert(
-            "x-dead-letter-routing-key".into(),
-            AmqpValue::LongString(dl.routing_key.as_str().into()),
+    let mut spec = QueueSpec::new(
+        "inbound.queue",
+        &inbound.queue,
+        &inbound.broker,
+        inbound.declare,
+    )
+    .typed("inbound.queue_type", inbound.queue_type);
+    let routing_key =
+        (!dl.routing_key.is_empty()).then(|| AmqpValue::LongString(dl.routing_key.as_str().into()));
+    let exchange = AmqpValue::LongString(dl.exchange.as_str().into());
+    match (dl.mode, inbound.dead_letter_by_policy) {
+        (DeadLetterMode::Nack, true) => {
+            tracing::info!(
+                queue = %inbound.queue,
+                exchange = %dl.exchange,
+                "inbound.dead_letter_by_policy: trusting a policy to set the inbound queue's dead-letter exchange; not checking its arguments"
+            );
+        }
+        (DeadLetterMode::Nack, false) => {
+            spec.require(
+                "x-dead-letter-exchange",
+                Some(exchange),
+                Setting::DeadLetterExchange,
+            );
+            spec.require(
+                "x-dead-letter-routing-key",
+                routing_key,
+                Setting::DeadLetterRoutingKey,
+            );
+            if inbound.queue_type == QueueType::Quorum {
+                spec.prefer(
+                    "x-dead-letter-strategy",
+                    AmqpValue::LongString("at-least-once".into()),
+                );
+                spec.prefer("x-overflow", AmqpValue::LongString("reject-publish".into()));
+            }
+        }
+        (DeadLetterMode::Republish, _) => {
+            spec.prefer("x-dead-letter-exchange", exchange);
+            if let Some(key) = routing_key {
+                spec.prefer("x-dead-letter-routing-key", key);
+            }
+        }
+    }
+    if inbound.single_active_consumer {
+        spec.require(
+            "x-single-active-consumer",
+            Some(AmqpValue::Boolean(true)),
+            Setting::SingleActiveConsumer,
         );
     }
-    if settings.inbound.single_active_consumer {
-        args.insert("x-single-active-consumer".into(), AmqpValue::Boolean(true));
+    spec
+}
+
+/// What a required argument stands for in the configuration, to say what
+/// to change when a queue disagrees.
+#[derive(Debug, Clone)]
+enum Setting {
+    QueueType { type_key: String },
+    DeadLetterExchange,
+    DeadLetterRoutingKey,
+    SingleActiveConsumer,
+}
+
+#[derive(Debug, Clone)]
+struct Required {
+    name: &'static str,
+    /// `None`: the queue must not have this argument.
+    value: Option<AmqpValue>,
+    setting: Setting,
+}
+
+/// A queue as the configuration wants it.
+#[derive(Debug, Clone)]
+struct QueueSpec<'a> {
+    /// The configuration key naming the queue, for messages.
+    key: String,
+    name: &'a str,
+    broker: &'a str,
+    /// Create it if missing; otherwise it must already exist.
+    create: bool,
+    /// Arguments that must hold; an existing queue that differs is refused.
+    required: Vec<Required>,
+    /// Arguments a new queue gets; an existing queue keeps its own.
+    preferred: Vec<(&'static str, AmqpValue)>,
+}
+
+impl<'a> QueueSpec<'a> {
+    fn new(key: &str, name: &'a str, broker: &'a str, create: bool) -> Self {
+        Self {
+            key: key.to_owned(),
+            name,
+            broker,
+            create,
+            required: Vec::new(),
+            preferred: Vec::new(),
+        }
     }
-    args
+
+    /// A classic queue is declared without `x-queue-type` (the broker's
+    /// default), so queues declared before this option existed still match.
+    fn typed(mut self, type_key: &str, queue_type: QueueType) -> Self {
+        let value = match queue_type {
+            QueueType::Classic => None,
+            QueueType::Quorum => Some(AmqpValue::LongString("quorum".into())),
+        };
+        self.require(
+            "x-queue-type",
+            value,
+            Setting::QueueType {
+                type_key: type_key.to_owned(),
+            },
+        );
+        self
+    }
+
+    fn require(&mut self, name: &'static str, value: Option<AmqpValue>, setting: Setting) {
+        self.required.push(Required {
+            name,
+            value,
+            setting,
+        });
+    }
+
+    fn prefer(&mut self, name: &'static str, value: AmqpValue) {
+        self.preferred.push((name, value));
+    }
+
+    fn arguments(&self) -> Vec<(String, AmqpValue)> {
+        let required = self
+            .required
+            .iter()
+            .filter_map(|r| Some((r.name.to_owned(), r.value.clone()?)));
+        let preferred = self
+            .preferred
+            .iter()
+            .map(|(name, value)| ((*name).to_owned(), value.clone()));
+        required.chain(preferred).collect()
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} \"{}\" on broker \"{}\"",
+            self.key, self.name, self.broker
+        )
+    }
+}
+
+/// Declares `spec` (or checks it exists, when it may not be created) and
+/// redeclares it until the broker accepts: each refusal over an argument
+/// that does not matter adopts the queue's own value; one over an argument
+/// that matters is an error.
+async fn ensure_queue(connector: &Connector, spec: &QueueSpec<'_>) -> Result<(), TopologyError> {
+    if !spec.create {
+        passive_queue(connector, spec.name)
+            .await
+            .map_err(|e| match e {
+                Op::Refused(404, _) => TopologyError::Refused(format!(
+                    "{} \"{}\" does not exist on broker \"{}\": create it, or set inbound.declare = true",
+                    spec.key, spec.name, spec.broker
+                )),
+                other => other.into_error(&format!("{} \"{}\"", spec.key, spec.name)),
+            })?;
+    }
+    let mut arguments = spec.arguments();
+    let mut adopted: Vec<String> = Vec::new();
+    loop {
+        let table = table_of(&arguments);
+        let text = match declare_queue(connector, spec.name, table).await {
+            Ok(()) => return Ok(()),
+            Err(Op::Refused(406, text)) => text,
+            Err(other) => return Err(other.into_error(&spec.describe())),
+        };
+        let Some(mismatch) = Mismatch::parse(&text) else {
+            return Err(refused(connector, spec, &text).await);
+        };
+        let required = spec.required.iter().find(|r| r.name == mismatch.arg);
+        if let Some(required) = required
+            && !same_setting(required, mismatch.current.as_ref())
+        {
+            return Err(mismatch_error(connector, spec, required, &mismatch, &text).await);
+        }
+        let learnable = mismatch.arg.starts_with("x-")
+            && adopted.len() < MAX_ADOPTED
+            && !adopted.contains(&mismatch.arg);
+        let current = match &mismatch.current {
+            _ if !learnable => return Err(refused(connector, spec, &text).await),
+            None => None,
+            Some(value) => match value.to_amqp() {
+                Some(v) => Some(v),
+                None => return Err(refused(connector, spec, &text).await),
+            },
+        };
+        let preferred = spec.preferred.iter().any(|(name, _)| *name == mismatch.arg);
+        let at_least_once = |arg: &str| AT_LEAST_ONCE.contains(&arg);
+        if preferred
+            && at_least_once(&mismatch.arg)
+            && !adopted.iter().any(|arg| at_least_once(arg))
+        {
+            tracing::warn!(
+                queue = %spec.name,
+                argument = %mismatch.arg,
+                current = %mismatch.current_text(),
+                "{} exists without at-least-once dead-lettering (x-dead-letter-strategy = at-least-once, \
+                 x-overflow = reject-publish): its dead letters are at-most-once; keeping it",
+                spec.key
+            );
+        } else if required.is_none() {
+            tracing::info!(
+                queue = %spec.name,
+                argument = %mismatch.arg,
+                current = %mismatch.current_text(),
+                "{} keeps its own {}",
+                spec.key,
+                mismatch.arg
+            );
+        }
+        arguments.retain(|(name, _)| *name != mismatch.arg);
+        if let Some(value) = current {
+            arguments.push((mismatch.arg.clone(), value));
+        }
+        adopted.push(mismatch.arg);
+    }
+}
+
+/// Whether the queue's `current` value satisfies `required`: only a
+/// classic queue that names its type explicitly differs in form, not in fact.
+fn same_setting(required: &Required, current: Option<&CurrentValue>) -> bool {
+    match (&required.setting, &required.value, current) {
+        (Setting::QueueType { .. }, None, Some(c)) => c.text == "classic",
+        _ => false,
+    }
+}
+
+/// The queue's current value of one argument, as the broker printed it.
+#[derive(Debug, Clone, PartialEq)]
+struct CurrentValue {
+    text: String,
+    /// The broker's type name (`longstr`, `long`, `bool`...); `None` for a
+    /// queue property such as `durable`.
+    kind: Option<String>,
+}
+
+impl CurrentValue {
+    /// The same value as a declare argument, when its type can be sent back.
+    fn to_amqp(&self) -> Option<AmqpValue> {
+        match self.kind.as_deref()? {
+            "longstr" => Some(AmqpValue::LongString(self.text.as_str().into())),
+            "long" | "signedint" | "short" | "byte" => {
+                self.text.parse().ok().map(AmqpValue::LongLongInt)
+            }
+            "bool" => match self.text.as_str() {
+                "true" => Some(AmqpValue::Boolean(true)),
+                "false" => Some(AmqpValue::Boolean(false)),
+                _ => None,
+            },
+            "double" => self.text.parse().ok().map(AmqpValue::Double),
+            _ => None,
+        }
+    }
+}
+
+/// A broker refusal of the form "inequivalent arg 'K' for queue ...:
+/// received X but current is Y".
+#[derive(Debug, Clone, PartialEq)]
+struct Mismatch {
+    arg: String,
+    /// `None`: the queue does not have the argument.
+    current: Option<CurrentValue>,
+}
+
+impl Mismatch {
+    fn parse(text: &str) -> Option<Self> {
+        let rest = text.split_once("inequivalent arg '")?.1;
+        let (arg, rest) = rest.split_once('\'')?;
+        let current = rest.rsplit_once("but current is ")?.1.trim();
+        let current = if current == "none" {
+            None
+        } else if let Some(typed) = current.strip_prefix("the value '") {
+            let (value, kind) = typed.rsplit_once("' of type '")?;
+            Some(CurrentValue {
+                text: value.to_owned(),
+                kind: Some(kind.trim_end_matches('\'').to_owned()),
+            })
+        } else {
+            Some(CurrentValue {
+                text: current.trim_matches('\'').to_owned(),
+                kind: None,
+            })
+        };
+        Some(Self {
+            arg: arg.to_owned(),
+            current,
+        })
+    }
+
+    fn current_text(&self) -> String {
+        self.current
+            .as_ref()
+            .map_or_else(|| "none".to_owned(), |c| format!("\"{}\"", c.text))
+    }
+}
+
+fn display(value: Option<&AmqpValue>) -> String {
+    match value {
+        None => "none".to_owned(),
+        Some(AmqpValue::LongString(s)) => format!("\"{s}\""),
+        Some(AmqpValue::Boolean(b)) => b.to_string(),
+        Some(other) => format!("{other:?}"),
+    }
+}
+
+/// What to change in the configuration so it agrees with the queue.
+fn advice(required: &Required, current: Option<&str>) -> String {
+    match (&required.setting, current) {
+        (Setting::QueueType { type_key }, None | Some("classic")) => {
+            format!("set {type_key} = \"classic\"")
+        }
+        (Setting::QueueType { type_key }, Some("quorum")) => {
+            format!("set {type_key} = \"quorum\"")
+        }
+        (Setting::QueueType { .. }, Some(other)) => format!(
+            "switchyard declares classic and quorum queues, not \"{other}\"; use another queue"
+        ),
+        (Setting::DeadLetterExchange, Some(exchange)) => format!(
+            "set dead_letter.exchange = \"{exchange}\", or dead_letter.mode = \"republish\""
+        ),
+        (Setting::DeadLetterExchange, None) => "in nack mode a nacked message would be discarded: \
+             set inbound.dead_letter_by_policy = true if a policy sets its dead-letter exchange, \
+             or dead_letter.mode = \"republish\""
+            .to_owned(),
+        (Setting::DeadLetterRoutingKey, Some(key)) => {
+            format!("set dead_letter.routing_key = \"{key}\", or dead_letter.mode = \"republish\"")
+        }
+        (Setting::DeadLetterRoutingKey, None) => "its dead letters keep their own routing key \
+             and miss dead_letter.routing_key: set dead_letter.mode = \"republish\""
+            .to_owned(),
+        (Setting::SingleActiveConsumer, _) => {
+            "set inbound.single_active_consumer = false".to_owned()
+        }
+    }
+}
+
+/// What deleting the queue would cost, said plainly.
+fn deletion(spec: &QueueSpec<'_>, messages: Option<u32>) -> String {
+    let recreate = if spec.create {
+        "let switchyard declare it"
+    } else {
+        "recreate it as configured"
+    };
+    match messages {
+        Some(0) => format!("or delete the queue (it is empty) and {recreate}"),
+        Some(1) => "deleting the queue instead would discard the 1 message it holds".to_owned(),
+        Some(n) => format!("deleting the queue instead would discard the {n} messages it holds"),
+        None => "deleting the queue instead would discard the messages it holds".to_owned(),
+    }
+}
+
+async fn mismatch_error(
+    connector: &Connector,
+    spec: &QueueSpec<'_>,
+    required: &Required,
+    mismatch: &Mismatch,
+    text: &str,
+) -> TopologyError {
+    let messages = message_count(connector, spec.name).await;
+    let current = mismatch.current.as_ref().map(|c| c.text.as_str());
+    let wanted = match (&required.setting, &required.value) {
+        (Setting::QueueType { .. }, None) => "\"classic\"".to_owned(),
+        (_, value) => display(value.as_ref()),
+    };
+    TopologyError::Refused(format!(
+        "{} has {} = {} where the configuration needs {}: {}; {} (broker: {})",
+        spec.describe(),
+        mismatch.arg,
+        mismatch.current_text(),
+        wanted,
+        advice(required, current),
+        deletion(spec, messages),
+        one_line(text)
+    ))
+}
+
+async fn refused(connector: &Connector, spec: &QueueSpec<'_>, text: &str) -> TopologyError {
+    let holds = match message_count(connector, spec.name).await {
+        Some(1) => "; it holds 1 message".to_owned(),
+        Some(n) => format!("; it holds {n} messages"),
+        None => String::new(),
+    };
+    TopologyError::Refused(format!(
+        "{} exists with settings switchyard cannot match ({}){holds}: declare it durable, \
+         non-exclusive and without auto-delete, or name another queue",
+        spec.describe(),
+        one_line(text)
+    ))
+}
+
+async fn message_count(connector: &Connector, queue: &str) -> Option<u32> {
+    passive_queue(connector, queue).await.ok()
+}
+
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn table_of(arguments: &[(String, AmqpValue)]) -> FieldTable {
+    let mut table = FieldTable::default();
+    for (name, value) in arguments {
+        table.insert(name.as_str().into(), value.clone());
+    }
+    table
 }
 
 async fn declare_queue(
@@ -154,7 +552,8 @@ async fn declare_queue(
     .await
 }
 
-async fn passive_queue(connector: &Connector, queue: &str) -> Result<(), Op> {
+/// Checks `queue` exists; its message count.
+async fn passive_queue(connector: &Connector, queue: &str) -> Result<u32, Op> {
     let options = QueueDeclareOptions {
         passive: true,
         ..Default::default()
@@ -162,7 +561,7 @@ async fn passive_queue(connector: &Connector, queue: &str) -> Result<(), Op> {
     run(connector, |ch| async move {
         ch.queue_declare(queue.into(), options, FieldTable::default())
             .await
-            .map(|_| ())
+            .map(|q| q.message_count())
     })
     .await
 }
@@ -209,5 +608,81 @@ where
             "no answer within {} s",
             OP_TIMEOUT.as_secs()
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{CurrentValue, Mismatch};
+    use crate::broker::AmqpValue;
+
+    #[test]
+    fn refusals_name_the_argument_and_the_queues_value() {
+        let cases = [
+            (
+                "PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue 'q' in vhost '/': \
+                 received none but current is the value 'quorum' of type 'longstr'",
+                "x-queue-type",
+                Some(("quorum", Some("longstr"))),
+            ),
+            (
+                "PRECONDITION_FAILED - inequivalent arg 'x-dead-letter-exchange' for queue 'q' in \
+                 vhost '/': received the value 'a.dlx' of type 'longstr' but current is none",
+                "x-dead-letter-exchange",
+                None,
+            ),
+            (
+                "PRECONDITION_FAILED - inequivalent arg 'x-max-length' for queue 'q' in vhost 'v': \
+                 received none but current is the value '10' of type 'signedint'",
+                "x-max-length",
+                Some(("10", Some("signedint"))),
+            ),
+            (
+                "PRECONDITION_FAILED - inequivalent arg 'durable' for queue 'q' in vhost '/': \
+                 received 'true' but current is 'false'",
+                "durable",
+                Some(("false", None)),
+            ),
+            (
+                "PRECONDITION_FAILED - inequivalent arg 'x-dead-letter-routing-key' for queue 'it''s' \
+                 in vhost '/': received none but current is the value 'a ' of type 'b' of type 'longstr'",
+                "x-dead-letter-routing-key",
+                Some(("a ' of type 'b", Some("longstr"))),
+            ),
+        ];
+        for (text, arg, current) in cases {
+            let parsed = Mismatch::parse(text).unwrap_or_else(|| panic!("{text}"));
+            assert_eq!(parsed.arg, arg);
+            let current = current.map(|(text, kind)| CurrentValue {
+                text: text.to_owned(),
+                kind: kind.map(str::to_owned),
+            });
+            assert_eq!(parsed.current, current, "{text}");
+        }
+        assert_eq!(Mismatch::parse("NOT_FOUND - no queue 'q'"), None);
+    }
+
+    #[test]
+    fn adopted_values_keep_their_type_class() {
+        let value = |text: &str, kind: &str| {
+            CurrentValue {
+                text: text.to_owned(),
+                kind: Some(kind.to_owned()),
+            }
+            .to_amqp()
+        };
+        assert_eq!(value("10", "signedint"), Some(AmqpValue::LongLongInt(10)));
+        assert_eq!(
+            value("drop-head", "longstr"),
+            Some(AmqpValue::LongString("drop-head".into()))
+        );
+        assert_eq!(value("true", "bool"), Some(AmqpValue::Boolean(true)));
+        assert_eq!(value("x", "signedint"), None);
+        assert_eq!(value("[]", "array"), None);
+        let untyped = CurrentValue {
+            text: "false".to_owned(),
+            kind: None,
+        };
+        assert_eq!(untyped.to_amqp(), None);
     }
 }

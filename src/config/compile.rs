@@ -1,10 +1,12 @@
 //! [`compile`]: raw configuration → [`Settings`], or the first invalid key.
 
 use super::error::InvalidKey;
-use super::raw::{RawConfig, RawFilter, RawFilterEntry};
-use super::{BrokerSpec, DeadLetter, DeadLetterMode, Endpoint, Inbound, Settings};
-use crate::broker::validate_uri;
-use crate::routing::{Branch, Filter, Property, RoutingTable, Strategy, TopicPattern, ValueTest};
+use super::raw::{RawConfig, RawEndpoint, RawFilter, RawFilterEntry};
+use super::{BrokerSpec, DeadLetter, DeadLetterMode, Endpoint, Inbound, QueueType, Settings};
+use crate::broker::{same_vhost, validate_uri};
+use crate::routing::{
+    Branch, Filter, Outage, Property, RoutingTable, Strategy, TopicPattern, ValueTest,
+};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,7 +39,24 @@ pub fn compile(raw: &RawConfig) -> Result<Settings> {
         .filter(|p| *p > 0)
         .ok_or_else(|| InvalidKey::new("inbound.prefetch", "must be between 1 and 65535"))?;
 
+    let inbound_queue_type = queue_type("inbound.queue_type", &raw.inbound.queue_type)?;
+    if raw.inbound.max_redeliveries == 0 {
+        return Err(InvalidKey::new(
+            "inbound.max_redeliveries",
+            "must be at least 1",
+        ));
+    }
+    if raw.inbound.max_hops == 0 {
+        return Err(InvalidKey::new("inbound.max_hops", "must be at least 1"));
+    }
+
     let dead_letter = compile_dead_letter(raw)?;
+    if raw.inbound.dead_letter_by_policy && dead_letter.mode != DeadLetterMode::Nack {
+        return Err(InvalidKey::new(
+            "inbound.dead_letter_by_policy",
+            "applies only to dead_letter.mode = \"nack\"; remove it",
+        ));
+    }
 
     let mut endpoints = BTreeMap::new();
     for (name, e) in &raw.endpoints {
@@ -55,6 +74,23 @@ pub fn compile(raw: &RawConfig) -> Result<Settings> {
                 "must name the destination queue when exchange is the default exchange (\"\")",
             ));
         }
+        if e.probe_interval_ms == 0 {
+            return Err(InvalidKey::new(
+                key("probe_interval_ms"),
+                "must be greater than 0",
+            ));
+        }
+        check_endpoint_loop(name, e, raw, &brokers)?;
+        let declare_queue_type = match (&e.declare_queue_type, &e.declare_queue) {
+            (None, _) => QueueType::Classic,
+            (Some(_), None) => {
+                return Err(InvalidKey::new(
+                    key("declare_queue_type"),
+                    "applies only with declare_queue; set declare_queue or remove it",
+                ));
+            }
+            (Some(t), Some(_)) => queue_type(&key("declare_queue_type"), t)?,
+        };
         endpoints.insert(
             name.clone(),
             Arc::new(Endpoint {
@@ -66,7 +102,8 @@ pub fn compile(raw: &RawConfig) -> Result<Settings> {
                 confirm_timeout: Duration::from_millis(e.confirm_timeout_ms),
                 retries: e.retries,
                 headers: e.headers.clone().into_iter().collect(),
-                probe_interval: Duration::from_millis(1000),
+                declare_queue_type,
+                probe_interval: Duration::from_millis(e.probe_interval_ms),
             }),
         );
     }
@@ -143,6 +180,10 @@ pub fn compile(raw: &RawConfig) -> Result<Settings> {
             prefetch,
             declare: raw.inbound.declare,
             single_active_consumer: raw.inbound.single_active_consumer,
+            queue_type: inbound_queue_type,
+            max_redeliveries: raw.inbound.max_redeliveries,
+            max_hops: raw.inbound.max_hops,
+            dead_letter_by_policy: raw.inbound.dead_letter_by_policy,
         },
         dead_letter,
         brokers,
@@ -199,12 +240,102 @@ fn compile_dead_letter(raw: &RawConfig) -> Result<DeadLetter> {
             "cannot be bound to the default exchange; name a dead_letter.exchange",
         ));
     }
+    let inbound_queue = raw.inbound.queue.as_str();
+    if d.exchange.is_empty() && d.routing_key == inbound_queue {
+        return Err(InvalidKey::new(
+            "dead_letter.routing_key",
+            format!(
+                "publishing dead letters to \"{inbound_queue}\" through the default exchange \
+                 would route every dead letter back into the inbound queue (a dead-letter loop); \
+                 name the dead-letter queue"
+            ),
+        ));
+    }
+    if d.queue.as_deref() == Some(inbound_queue) {
+        return Err(InvalidKey::new(
+            "dead_letter.queue",
+            format!(
+                "\"{inbound_queue}\" is the inbound queue: binding it to dead_letter.exchange \
+                 would route every dead letter back into the inbound queue (a dead-letter loop); \
+                 name another queue"
+            ),
+        ));
+    }
+    let dlq_type = match (&d.queue_type, &d.queue) {
+        (None, _) => QueueType::Classic,
+        (Some(_), None) => {
+            return Err(InvalidKey::new(
+                "dead_letter.queue_type",
+                "applies only with dead_letter.queue; set dead_letter.queue or remove it",
+            ));
+        }
+        (Some(t), Some(_)) => queue_type("dead_letter.queue_type", t)?,
+    };
     Ok(DeadLetter {
         mode,
         exchange: d.exchange.clone(),
         routing_key: d.routing_key.clone(),
         queue: d.queue.clone(),
+        queue_type: dlq_type,
     })
+}
+
+/// Refuses an endpoint that publishes straight back into the inbound queue
+/// (SPEC 8): on the inbound's broker (by name, or by host, port and vhost),
+/// through the default exchange with the inbound queue as routing key, or
+/// declaring the inbound queue as its destination.
+fn check_endpoint_loop(
+    name: &str,
+    e: &RawEndpoint,
+    raw: &RawConfig,
+    brokers: &BTreeMap<String, Arc<BrokerSpec>>,
+) -> Result<()> {
+    let inbound = &raw.inbound;
+    let broker = if e.broker == inbound.broker {
+        format!("broker \"{}\", the inbound's broker", e.broker)
+    } else {
+        match (brokers.get(&e.broker), brokers.get(&inbound.broker)) {
+            (Some(ours), Some(theirs)) if same_vhost(ours.secret_uri(), theirs.secret_uri()) => {
+                format!(
+                    "broker \"{}\", which has the host, port and vhost of the inbound's broker \"{}\"",
+                    e.broker, inbound.broker
+                )
+            }
+            _ => return Ok(()),
+        }
+    };
+    let queue = &inbound.queue;
+    let (key, what) = if e.exchange.is_empty() && e.routing_key == *queue {
+        (
+            "routing_key",
+            format!("publishing to \"{queue}\" through the default exchange of {broker},"),
+        )
+    } else if e.declare_queue.as_ref() == Some(queue) {
+        (
+            "declare_queue",
+            format!("\"{queue}\" is the inbound queue on {broker}: this endpoint"),
+        )
+    } else {
+        return Ok(());
+    };
+    Err(InvalidKey::new(
+        format!("endpoints.{name}.{key}"),
+        format!(
+            "{what} would route every copy back into the inbound queue (a forwarding loop); \
+             name another queue"
+        ),
+    ))
+}
+
+fn queue_type(key: &str, value: &str) -> Result<QueueType> {
+    match value {
+        "classic" => Ok(QueueType::Classic),
+        "quorum" => Ok(QueueType::Quorum),
+        other => Err(InvalidKey::new(
+            key,
+            format!("unknown queue type \"{other}\" (expected \"classic\" or \"quorum\")"),
+        )),
+    }
 }
 
 fn compile_entry(
@@ -270,6 +401,16 @@ fn compile_entry(
             ));
         }
     };
+    let outage = match entry.outage.as_str() {
+        "dead_letter" => Outage::DeadLetter,
+        "wait" => Outage::Wait,
+        other => {
+            return Err(InvalidKey::new(
+                key("outage"),
+                format!("unknown outage \"{other}\" (expected \"dead_letter\" or \"wait\")"),
+            ));
+        }
+    };
     let name = match &entry.name {
         Some(n) if n.trim().is_empty() => {
             return Err(InvalidKey::new(
@@ -287,7 +428,9 @@ fn compile_entry(
         entry.priority,
         list,
         strategy,
-    ))
+    )
+    .with_required(entry.required)
+    .with_outage(outage))
 }
 
 /// Compiles named filters, resolving references and rejecting cycles.

@@ -53,6 +53,42 @@ pub struct Inbound {
     pub declare: bool,
     /// Declare it with `x-single-active-consumer`.
     pub single_active_consumer: bool,
+    /// The queue's type; it must match the queue's type on the broker.
+    pub queue_type: QueueType,
+    /// A message delivered more often than this is dead-lettered as `poison`.
+    pub max_redeliveries: u32,
+    /// A message forwarded more often than this (`x-switchyard-hops`) is
+    /// dead-lettered as `loop`.
+    pub max_hops: u32,
+    /// The queue's dead-letter exchange is set by an operator policy, not by
+    /// queue arguments: declare it without them and trust the policy.
+    pub dead_letter_by_policy: bool,
+}
+
+/// The type of a queue the forwarder declares (`x-queue-type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QueueType {
+    /// A classic queue (the broker's default).
+    #[default]
+    Classic,
+    /// A replicated quorum queue: always durable, never exclusive or auto-delete.
+    Quorum,
+}
+
+impl QueueType {
+    /// The configuration spelling, also the `x-queue-type` argument value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Classic => "classic",
+            Self::Quorum => "quorum",
+        }
+    }
+}
+
+impl std::fmt::Display for QueueType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// How a message is dead-lettered.
@@ -84,6 +120,8 @@ pub struct DeadLetter {
     pub routing_key: String,
     /// Dead-letter queue to declare and bind, if any.
     pub queue: Option<String>,
+    /// The dead-letter queue's type.
+    pub queue_type: QueueType,
 }
 
 /// A broker connection target.
@@ -136,13 +174,15 @@ pub struct Endpoint {
     pub routing_key: String,
     /// Durable queue to declare at startup.
     pub declare_queue: Option<String>,
+    /// The type `declare_queue` is declared with.
+    pub declare_queue_type: QueueType,
     /// How long to wait for the confirm.
     pub confirm_timeout: Duration,
     /// Extra attempts here before the next endpoint.
     pub retries: u32,
     /// Headers set on every copy sent here.
     pub headers: Vec<(String, String)>,
-    /// How often a down endpoint is probed.
+    /// While unhealthy, how often the endpoint is probed in the background.
     pub probe_interval: Duration,
 }
 

@@ -67,6 +67,36 @@ pub struct RawInbound {
     /// Declare the queue with `x-single-active-consumer`.
     #[serde(default)]
     pub single_active_consumer: bool,
+    /// `"classic"` (default) or `"quorum"`: the queue's type, declared as
+    /// `x-queue-type`. It must match an existing queue's type.
+    #[serde(default = "default_queue_type")]
+    pub queue_type: String,
+    /// A message delivered more than this many times is dead-lettered with
+    /// reason `poison` (at least 1).
+    #[serde(default = "default_max_redeliveries")]
+    pub max_redeliveries: u32,
+    /// A message that has been forwarded more than this many times (its
+    /// `x-switchyard-hops` header) is dead-lettered with reason `loop`
+    /// (at least 1).
+    #[serde(default = "default_max_hops")]
+    pub max_hops: u32,
+    /// The queue's dead-letter exchange is set by an operator policy
+    /// (`dead-letter-exchange`) instead of queue arguments: the queue is
+    /// declared without them and, in `nack` mode, not checked for them.
+    #[serde(default)]
+    pub dead_letter_by_policy: bool,
+}
+
+fn default_queue_type() -> String {
+    "classic".to_owned()
+}
+
+fn default_max_redeliveries() -> u32 {
+    10
+}
+
+fn default_max_hops() -> u32 {
+    8
 }
 
 fn default_prefetch() -> u32 {
@@ -92,6 +122,9 @@ pub struct RawDeadLetter {
     /// The dead-letter queue, declared and bound when `inbound.declare` is true.
     #[serde(default)]
     pub queue: Option<String>,
+    /// `"classic"` (default) or `"quorum"`: the type `queue` is declared with.
+    #[serde(default)]
+    pub queue_type: Option<String>,
 }
 
 fn default_dead_letter_mode() -> String {
@@ -121,6 +154,10 @@ pub struct RawEndpoint {
     /// Declare this durable queue at startup.
     #[serde(default)]
     pub declare_queue: Option<String>,
+    /// `"classic"` (default) or `"quorum"`: the type `declare_queue` is
+    /// declared with.
+    #[serde(default)]
+    pub declare_queue_type: Option<String>,
     /// How long to wait for a publisher confirm, in milliseconds.
     #[serde(default = "default_confirm_timeout_ms")]
     pub confirm_timeout_ms: u64,
@@ -130,10 +167,18 @@ pub struct RawEndpoint {
     /// Headers set (or overwritten) on this endpoint's copies.
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+    /// After a connection- or channel-level failure the endpoint is skipped
+    /// and probed in the background this often, in milliseconds.
+    #[serde(default = "default_probe_interval_ms")]
+    pub probe_interval_ms: u64,
 }
 
 fn default_confirm_timeout_ms() -> u64 {
     5000
+}
+
+fn default_probe_interval_ms() -> u64 {
+    1000
 }
 
 /// `[filters.NAME]`: the keys of every filter kind; `type` says which apply.
@@ -214,6 +259,20 @@ pub struct RawFilterEntry {
     /// `"failover"` or `"round_robin"`.
     #[serde(default = "default_strategy")]
     pub strategy: String,
+    /// A required branch always gets a matching message, even when the
+    /// message's `x-switchyard-only` does not name it.
+    #[serde(default)]
+    pub required: bool,
+    /// `"dead_letter"` (default): when every endpoint of the list has failed,
+    /// the message is dead-lettered. `"wait"`: while every endpoint is
+    /// unreachable at the connection level, messages are held (unacked,
+    /// consuming paused) instead.
+    #[serde(default = "default_outage")]
+    pub outage: String,
+}
+
+fn default_outage() -> String {
+    "dead_letter".to_owned()
 }
 
 fn default_strategy() -> String {
@@ -238,6 +297,9 @@ pub struct RawSessions {
     pub max_bytes: u64,
     /// Most sessions open at once.
     pub max_open: u32,
+    /// A message of a session completed or dead-lettered this recently is
+    /// dead-lettered with reason `session-closed`, in milliseconds.
+    pub closed_ttl_ms: u64,
 }
 
 impl Default for RawSessions {
@@ -250,6 +312,7 @@ impl Default for RawSessions {
             max_messages: 50,
             max_bytes: 16 * 1024 * 1024,
             max_open: 16,
+            closed_ttl_ms: 60_000,
         }
     }
 }

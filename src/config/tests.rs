@@ -1,7 +1,8 @@
 //! Validation: the SPEC's example loads, and each invalid configuration
 //! fails with its exact one-line error.
 
-use super::{DeadLetterMode, load_str};
+use super::{DeadLetterMode, QueueType, load_str};
+use crate::routing::Outage;
 
 const BASE: &str = r#"
 [inbound]
@@ -85,6 +86,74 @@ fn defaults_apply() {
     );
     assert_eq!(settings.endpoints["primary"].retries, 0);
     assert_eq!(settings.dead_letter.mode, DeadLetterMode::Nack);
+    assert_eq!(settings.inbound.queue_type, QueueType::Classic);
+    assert_eq!(settings.inbound.max_redeliveries, 10);
+    assert_eq!(settings.inbound.max_hops, 8);
+    assert!(!settings.inbound.dead_letter_by_policy);
+    assert_eq!(settings.dead_letter.queue_type, QueueType::Classic);
+    let primary = &settings.endpoints["primary"];
+    assert_eq!(primary.declare_queue_type, QueueType::Classic);
+    assert_eq!(primary.probe_interval.as_millis(), 1000);
+    assert_eq!(settings.routing.branch_names().count(), 1);
+}
+
+#[test]
+fn new_keys_are_read() {
+    let toml =
+        BASE.replace(
+            "queue = \"work.in\"",
+            "queue = \"work.in\"\nqueue_type = \"quorum\"\nmax_redeliveries = 3\n\
+             max_hops = 2\ndead_letter_by_policy = true",
+        )
+        .replace(
+            "queue = \"work.dlq\"",
+            "queue = \"work.dlq\"\nqueue_type = \"quorum\"",
+        )
+        .replace(
+            "routing_key = \"service.primary\"",
+            "routing_key = \"service.primary\"\ndeclare_queue = \"service.primary\"\n\
+             declare_queue_type = \"quorum\"\nprobe_interval_ms = 250",
+        )
+        .replace(
+            "backup_list = \"backups\"",
+            "backup_list = \"backups\"\nrequired = true\noutage = \"wait\"",
+        ) + "\n[sessions]\nclosed_ttl_ms = 5000\n";
+    let settings = load_str(&toml, "test.toml").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(settings.inbound.queue_type, QueueType::Quorum);
+    assert_eq!(settings.inbound.max_redeliveries, 3);
+    assert_eq!(settings.inbound.max_hops, 2);
+    assert!(settings.inbound.dead_letter_by_policy);
+    assert_eq!(settings.dead_letter.queue_type, QueueType::Quorum);
+    let primary = &settings.endpoints["primary"];
+    assert_eq!(primary.declare_queue_type, QueueType::Quorum);
+    assert_eq!(primary.probe_interval.as_millis(), 250);
+    assert_eq!(
+        settings.endpoints["backup"].declare_queue_type,
+        QueueType::Classic
+    );
+    let summary = settings.routing.summary();
+    assert!(
+        summary.contains("[failover, required, outage wait]"),
+        "{summary}"
+    );
+}
+
+#[test]
+fn filter_table_entries_default_to_optional_and_dead_letter() {
+    let settings = load_str(BASE, "test.toml").unwrap_or_else(|e| panic!("{e}"));
+    let summary = settings.routing.summary();
+    assert!(summary.contains("[failover]"), "{summary}");
+    let envelope = crate::envelope::Envelope {
+        delivery_tag: 1,
+        exchange: String::new(),
+        routing_key: "k".to_owned(),
+        redelivered: false,
+        properties: Default::default(),
+        body: Vec::new(),
+    };
+    let plans = settings.routing.route(&envelope);
+    assert_eq!(plans.len(), 1);
+    assert_eq!(plans[0].outage, Outage::DeadLetter);
 }
 
 #[test]
@@ -254,12 +323,115 @@ fn invalid_configurations_fail_with_their_exact_error() {
             "test.toml: sessions.enabled: sessionful forwarding is not available in this version; set it to false",
         ),
         (
+            BASE.replace("queue = \"work.in\"", "queue = \"work.in\"\nqueue_type = \"stream\""),
+            "test.toml: inbound.queue_type: unknown queue type \"stream\" (expected \"classic\" or \"quorum\")",
+        ),
+        (
+            BASE.replace("queue = \"work.in\"", "queue = \"work.in\"\nmax_redeliveries = 0"),
+            "test.toml: inbound.max_redeliveries: must be at least 1",
+        ),
+        (
+            BASE.replace("queue = \"work.in\"", "queue = \"work.in\"\nmax_hops = 0"),
+            "test.toml: inbound.max_hops: must be at least 1",
+        ),
+        (
+            BASE.replace("queue = \"work.in\"", "queue = \"work.in\"\ndead_letter_by_policy = true")
+                .replace("[dead_letter]", "[dead_letter]\nmode = \"republish\""),
+            "test.toml: inbound.dead_letter_by_policy: applies only to dead_letter.mode = \"nack\"; remove it",
+        ),
+        (
+            BASE.replace("queue = \"work.dlq\"", "queue = \"work.dlq\"\nqueue_type = \"Quorum\""),
+            "test.toml: dead_letter.queue_type: unknown queue type \"Quorum\" (expected \"classic\" or \"quorum\")",
+        ),
+        (
+            BASE.replace("queue = \"work.dlq\"", "queue_type = \"quorum\""),
+            "test.toml: dead_letter.queue_type: applies only with dead_letter.queue; set dead_letter.queue or remove it",
+        ),
+        (
+            BASE.replace(
+                "routing_key = \"service.primary\"",
+                "routing_key = \"service.primary\"\ndeclare_queue = \"service.primary\"\ndeclare_queue_type = \"lazy\"",
+            ),
+            "test.toml: endpoints.primary.declare_queue_type: unknown queue type \"lazy\" (expected \"classic\" or \"quorum\")",
+        ),
+        (
+            BASE.replace(
+                "routing_key = \"service.primary\"",
+                "routing_key = \"service.primary\"\ndeclare_queue_type = \"quorum\"",
+            ),
+            "test.toml: endpoints.primary.declare_queue_type: applies only with declare_queue; set declare_queue or remove it",
+        ),
+        (
+            BASE.replace(
+                "routing_key = \"service.primary\"",
+                "routing_key = \"service.primary\"\nprobe_interval_ms = 0",
+            ),
+            "test.toml: endpoints.primary.probe_interval_ms: must be greater than 0",
+        ),
+        (
+            BASE.replace(
+                "backup_list = \"backups\"",
+                "backup_list = \"backups\"\noutage = \"hold\"",
+            ),
+            "test.toml: filter_table[0].outage: unknown outage \"hold\" (expected \"dead_letter\" or \"wait\")",
+        ),
+        (
+            BASE.replace("routing_key = \"service.backup\"", "routing_key = \"work.in\""),
+            "test.toml: endpoints.backup.routing_key: publishing to \"work.in\" through the default exchange of broker \"main\", the inbound's broker, would route every copy back into the inbound queue (a forwarding loop); name another queue",
+        ),
+        (
+            with("[brokers.alias]\nuri = \"amqp://other:pw@localhost/%2F\"\n[endpoints.again]\nbroker = \"alias\"\nrouting_key = \"work.in\""),
+            "test.toml: endpoints.again.routing_key: publishing to \"work.in\" through the default exchange of broker \"alias\", which has the host, port and vhost of the inbound's broker \"main\", would route every copy back into the inbound queue (a forwarding loop); name another queue",
+        ),
+        (
+            BASE.replace(
+                "routing_key = \"service.backup\"",
+                "exchange = \"amq.direct\"\nrouting_key = \"work\"\ndeclare_queue = \"work.in\"",
+            ),
+            "test.toml: endpoints.backup.declare_queue: \"work.in\" is the inbound queue on broker \"main\", the inbound's broker: this endpoint would route every copy back into the inbound queue (a forwarding loop); name another queue",
+        ),
+        (
+            BASE.replace("exchange = \"work.dlx\"\nrouting_key = \"work.dlq\"\nqueue = \"work.dlq\"", "exchange = \"\"\nrouting_key = \"work.in\""),
+            "test.toml: dead_letter.routing_key: publishing dead letters to \"work.in\" through the default exchange would route every dead letter back into the inbound queue (a dead-letter loop); name the dead-letter queue",
+        ),
+        (
+            BASE.replace("queue = \"work.dlq\"", "queue = \"work.in\""),
+            "test.toml: dead_letter.queue: \"work.in\" is the inbound queue: binding it to dead_letter.exchange would route every dead letter back into the inbound queue (a dead-letter loop); name another queue",
+        ),
+        (
             with("[admin]\nlisten = \"localhost\""),
             "test.toml: admin.listen: \"localhost\" is not a host:port address",
         ),
     ];
     for (toml, expected) in cases {
         assert_eq!(error_of(&toml), expected);
+    }
+}
+
+#[test]
+fn routing_into_the_inbound_queue_elsewhere_is_no_loop() {
+    let cases = [
+        // Another vhost, port or host of the same server.
+        "[brokers.other]\nuri = \"amqp://guest:guest@127.0.0.1:5672/other\"",
+        "[brokers.other]\nuri = \"amqp://guest:guest@127.0.0.1:5673/%2f\"",
+        "[brokers.other]\nuri = \"amqp://guest:guest@rabbit.example/%2f\"",
+    ];
+    for broker in cases {
+        let toml = with(&format!(
+            "{broker}\n[endpoints.remote]\nbroker = \"other\"\nrouting_key = \"work.in\"\ndeclare_queue = \"work.in\""
+        ));
+        if let Err(e) = load_str(&toml, "test.toml") {
+            panic!("{broker}: {e}");
+        }
+    }
+    // A named exchange with the inbound queue's name as routing key is not
+    // the default exchange: nothing says where it routes.
+    let via_exchange = BASE.replace(
+        "routing_key = \"service.backup\"",
+        "exchange = \"fanout.out\"\nrouting_key = \"work.in\"",
+    );
+    if let Err(e) = load_str(&via_exchange, "test.toml") {
+        panic!("{e}");
     }
 }
 

@@ -96,6 +96,7 @@ impl Forwarder {
                 confirm_timeout: Duration::from_secs(5),
                 retries: 0,
                 headers: Vec::new(),
+                declare_queue_type: Default::default(),
                 probe_interval: Duration::from_secs(1),
             });
             let connector = publish_connectors[&settings.inbound.broker].clone();
@@ -181,11 +182,11 @@ impl Forwarder {
             }
         }
         for endpoint in self.settings.endpoints.values() {
-            let Some(queue) = &endpoint.declare_queue else {
+            if endpoint.declare_queue.is_none() {
                 continue;
-            };
+            }
             let connector = &self.publish_connectors[&endpoint.broker];
-            match declare_endpoint_queue(connector, queue).await {
+            match declare_endpoint_queue(connector, endpoint).await {
                 Ok(()) => {}
                 Err(TopologyError::Refused(why)) => return Err(RunError::Topology(why)),
                 Err(TopologyError::Unreachable(why)) => {

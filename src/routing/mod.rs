@@ -5,7 +5,9 @@
 //! with, so a reload never changes a transaction half-way. Matching takes the
 //! highest priority that has at least one matching entry and returns one
 //! [`BranchPlan`] per matching entry there: its name and the ordered list of
-//! endpoints to try.
+//! endpoints to try. A message's `x-switchyard-only` restricts the entries
+//! considered to those it names, except that a *required* entry is always
+//! considered.
 
 mod filter;
 mod topic;
@@ -28,6 +30,27 @@ pub enum Strategy {
     RoundRobin,
 }
 
+/// What a branch does while every endpoint of its list is down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Outage {
+    /// Dead-letter the message once the list is exhausted.
+    #[default]
+    DeadLetter,
+    /// Hold messages (unacked, consuming paused) while every endpoint is
+    /// unreachable at the connection level.
+    Wait,
+}
+
+impl Outage {
+    /// The configuration spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::DeadLetter => "dead_letter",
+            Self::Wait => "wait",
+        }
+    }
+}
+
 /// One filter-table entry: a potential branch.
 #[derive(Debug)]
 pub struct Branch {
@@ -37,6 +60,8 @@ pub struct Branch {
     priority: i32,
     endpoints: Arc<[Arc<Endpoint>]>,
     strategy: Strategy,
+    required: bool,
+    outage: Outage,
     next_start: AtomicUsize,
 }
 
@@ -57,13 +82,38 @@ impl Branch {
             priority,
             endpoints: endpoints.into(),
             strategy,
+            required: false,
+            outage: Outage::DeadLetter,
             next_start: AtomicUsize::new(0),
         }
+    }
+
+    /// This branch, required: it gets every message it matches, whatever
+    /// the message's `x-switchyard-only` says.
+    pub fn with_required(mut self, required: bool) -> Self {
+        self.required = required;
+        self
+    }
+
+    /// This branch with outage behaviour `outage`.
+    pub fn with_outage(mut self, outage: Outage) -> Self {
+        self.outage = outage;
+        self
     }
 
     /// The branch name used in headers, logs and metrics.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Whether the branch ignores `x-switchyard-only`.
+    pub fn required(&self) -> bool {
+        self.required
+    }
+
+    /// What the branch does while every endpoint of its list is down.
+    pub fn outage(&self) -> Outage {
+        self.outage
     }
 
     fn plan(&self) -> BranchPlan {
@@ -75,6 +125,7 @@ impl Branch {
         };
         BranchPlan {
             name: self.name.clone(),
+            outage: self.outage,
             endpoints: self.endpoints.clone(),
             start,
         }
@@ -86,6 +137,8 @@ impl Branch {
 pub struct BranchPlan {
     /// The branch name.
     pub name: Arc<str>,
+    /// What the branch does while every endpoint of its list is down.
+    pub outage: Outage,
     endpoints: Arc<[Arc<Endpoint>]>,
     start: usize,
 }
@@ -114,12 +167,14 @@ impl RoutingTable {
 
     /// The branches `envelope` takes: every matching entry at the highest
     /// matching priority. With `x-switchyard-only`, entries it does not name
-    /// are ignored. Empty means no route.
+    /// are ignored, except required ones. Empty means no route.
     pub fn route(&self, envelope: &Envelope) -> Vec<BranchPlan> {
         let only = envelope.only_branches();
         let allowed = |b: &Branch| {
-            only.as_ref()
-                .is_none_or(|names| names.iter().any(|n| n.as_str() == b.name()))
+            b.required
+                || only
+                    .as_ref()
+                    .is_none_or(|names| names.iter().any(|n| n.as_str() == b.name()))
         };
         let mut chosen: Option<i32> = None;
         let mut plans = Vec::new();
@@ -149,14 +204,21 @@ impl RoutingTable {
                 Strategy::Failover => "failover",
                 Strategy::RoundRobin => "round_robin",
             };
+            let required = if b.required { ", required" } else { "" };
+            let outage = match b.outage {
+                Outage::DeadLetter => "",
+                Outage::Wait => ", outage wait",
+            };
             let _ = writeln!(
                 out,
-                "  priority {:>3}  {:<20} filter {:<16} {} [{}]",
+                "  priority {:>3}  {:<20} filter {:<16} {} [{}{}{}]",
                 b.priority,
                 b.name,
                 b.filter_name,
                 endpoints.join(" -> "),
-                strategy
+                strategy,
+                required,
+                outage
             );
         }
         out
@@ -179,7 +241,8 @@ mod tests {
             confirm_timeout: Duration::from_secs(5),
             retries: 0,
             headers: Vec::new(),
-            probe_interval: std::time::Duration::from_secs(1),
+            declare_queue_type: crate::config::QueueType::Classic,
+            probe_interval: Duration::from_secs(1),
         })
     }
 
@@ -270,6 +333,63 @@ mod tests {
             ["logging"]
         );
         assert!(table.route(&message("k", Some(&["gone"]))).is_empty());
+    }
+
+    #[test]
+    fn a_required_branch_ignores_the_only_header() {
+        let urgent_audit =
+            branch("urgent-audit", urgent(), 0, &["u"], Strategy::Failover).with_required(true);
+        let table = RoutingTable::new(vec![
+            branch("service", Filter::MatchAll, 0, &["s"], Strategy::Failover),
+            branch("audit", Filter::MatchAll, 0, &["a"], Strategy::Failover).with_required(true),
+            urgent_audit,
+            branch("logging", Filter::MatchAll, 0, &["l"], Strategy::Failover),
+        ]);
+        // Named or not, a matching required branch is always taken.
+        assert_eq!(
+            names(&table.route(&message("k", Some(&["logging"])))),
+            ["audit", "logging"]
+        );
+        assert_eq!(
+            names(&table.route(&message("k", Some(&["gone"])))),
+            ["audit"]
+        );
+        assert_eq!(
+            names(&table.route(&message("urgent.x", Some(&["service"])))),
+            ["service", "audit", "urgent-audit"]
+        );
+        // Without the header every matching branch is taken, as before.
+        assert_eq!(
+            names(&table.route(&message("k", None))),
+            ["service", "audit", "logging"]
+        );
+        // A required branch still has to match.
+        let only_required = RoutingTable::new(vec![
+            branch("service", Filter::MatchAll, 0, &["s"], Strategy::Failover),
+            branch("urgent-audit", urgent(), 0, &["u"], Strategy::Failover).with_required(true),
+        ]);
+        assert!(
+            only_required
+                .route(&message("normal", Some(&["gone"])))
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_plan_carries_its_branch_outage() {
+        let table = RoutingTable::new(vec![
+            branch("held", Filter::MatchAll, 0, &["h"], Strategy::Failover)
+                .with_outage(Outage::Wait),
+            branch("dropped", Filter::MatchAll, 0, &["d"], Strategy::Failover),
+        ]);
+        let plans = table.route(&message("k", None));
+        let outages: Vec<(&str, Outage)> = plans.iter().map(|p| (&*p.name, p.outage)).collect();
+        assert_eq!(
+            outages,
+            [("held", Outage::Wait), ("dropped", Outage::DeadLetter)]
+        );
+        assert_eq!(table.branches[0].outage(), Outage::Wait);
+        assert!(!table.branches[0].required());
     }
 
     #[test]
