@@ -20,7 +20,7 @@ mod topology;
 pub use connector::{ConnectError, Connector, Role};
 pub use inbound::{ConsumeError, InboundSession, Receipt, open_inbound};
 pub use publisher::{PublishFailure, Publisher};
-pub use topology::{TopologyError, declare_endpoint_queue, prepare_inbound};
+pub use topology::{PROBE_HEADER, TopologyError, declare_endpoint_queue, prepare_inbound};
 
 /// AMQP message properties, headers included.
 pub type Properties = lapin::BasicProperties;
