@@ -4,12 +4,15 @@
 //! refuses to start when an existing queue has other arguments or the
 //! dead-letter exchange is missing, naming the fix. Arguments an operator
 //! gave an existing queue and that do not matter to dead-lettering are kept.
-//! `republish` mode does not depend on the queue's arguments.
+//! `republish` mode does not depend on the queue's arguments. In both modes a
+//! dead-letter exchange that routes the dead-letter key nowhere is refused at
+//! startup (a probe message, returned when unroutable).
 
 mod support;
 
+use futures_util::StreamExt;
 use lapin::BasicProperties;
-use lapin::options::QueueDeclareOptions;
+use lapin::options::{BasicConsumeOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Confirmation, ExchangeKind};
 use support::harness::{InProcess, base_toml, consumer_count, endpoint_toml};
@@ -371,6 +374,149 @@ async fn republish_mode_accepts_an_existing_queue_without_dead_letter_arguments(
         try_declare(&broker, &inbound, FieldTable::default()).await,
         Ok(())
     );
+
+    broker.close().await;
+    delete_all_with_prefix(&p).await;
+}
+
+/// The setup of an operator who manages the topology: `<p>.in` with its
+/// dead-letter arguments and the dead-letter exchange `<p>.dlx`, but no
+/// queue bound to it unless `bound`.
+async fn operator_topology(broker: &TestBroker, p: &str, bound: bool) {
+    broker
+        .declare_queue_with(&format!("{p}.in"), dead_letter_args(p))
+        .await;
+    broker
+        .declare_exchange(&format!("{p}.dlx"), ExchangeKind::Direct)
+        .await;
+    if bound {
+        let dlq = format!("{p}.dlq");
+        broker.declare_queue(&dlq).await;
+        broker.bind(&dlq, &format!("{p}.dlx"), &dlq).await;
+    }
+}
+
+#[tokio::test]
+async fn a_dead_letter_exchange_that_routes_nowhere_is_a_startup_error() {
+    let p = unique_prefix("topology-dl-nowhere");
+    let broker = TestBroker::connect(&p).await;
+    let inbound = format!("{p}.in");
+    operator_topology(&broker, &p, false).await;
+    broker.publish("", &inbound, b"waiting", routed()).await;
+
+    let expected = format!(
+        "dead_letter.exchange \"{p}.dlx\" on broker \"main\" routes nothing with \
+         dead_letter.routing_key \"{p}.dlq\": every dead letter would be lost; bind a queue to it \
+         with that routing key, or set dead_letter.queue and inbound.declare = true so \
+         switchyard declares and binds one"
+    );
+    for mode in ["nack", "republish"] {
+        let message = topology_error(&one_branch_toml(&base_without_declare(&p, mode), &p)).await;
+        assert_eq!(message, expected, "{mode} mode");
+    }
+    // Declaring everything but the dead-letter queue is no better.
+    let no_dlq = base_toml(&p, "republish").replace(&format!("queue = \"{p}.dlq\"\n"), "");
+    assert_eq!(
+        topology_error(&one_branch_toml(&no_dlq, &p)).await,
+        expected
+    );
+
+    // Through the default exchange, the routing key must name a queue.
+    let default_exchange = base_without_declare(&p, "republish")
+        .replace(&format!("exchange = \"{p}.dlx\"\n"), "exchange = \"\"\n")
+        .replace(&format!("queue = \"{p}.dlq\"\n"), "");
+    assert_eq!(
+        topology_error(&one_branch_toml(&default_exchange, &p)).await,
+        format!(
+            "dead_letter.routing_key \"{p}.dlq\" names no queue on broker \"main\" \
+             (dead_letter.exchange is the default exchange): every dead letter would be lost; \
+             create that queue, or name an existing one"
+        )
+    );
+
+    // Nothing was consumed, and the probe left nothing behind.
+    assert_eq!(
+        broker.queue_len(&inbound).await,
+        1,
+        "{inbound} keeps its message"
+    );
+    assert_eq!(consumer_count(&broker, &inbound).await, Some(0));
+    assert!(!broker.queue_exists(&format!("{p}.dlq")).await);
+
+    broker.close().await;
+    delete_all_with_prefix(&p).await;
+}
+
+#[tokio::test]
+async fn a_bound_dead_letter_exchange_passes_the_probe_and_keeps_no_probe_message() {
+    let p = unique_prefix("topology-dl-bound");
+    let broker = TestBroker::connect(&p).await;
+    let inbound = format!("{p}.in");
+    let dlq = format!("{p}.dlq");
+    operator_topology(&broker, &p, true).await;
+
+    // A consumer already waiting on the dead-letter queue sees the probe,
+    // recognisable by its header.
+    let watcher = broker.fresh_channel().await;
+    let mut probes = watcher
+        .basic_consume(
+            dlq.as_str().into(),
+            "probe-watcher".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..BasicConsumeOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("consume {dlq}: {e}"));
+    let forwarder = InProcess::start_consuming(
+        &one_branch_toml(&base_without_declare(&p, "nack"), &p),
+        &broker,
+        &inbound,
+    )
+    .await;
+    let probe = tokio::time::timeout(DEFAULT_TIMEOUT, probes.next())
+        .await
+        .unwrap_or_else(|_| panic!("no probe reached {dlq}"))
+        .unwrap_or_else(|| panic!("consumer on {dlq} ended"))
+        .unwrap_or_else(|e| panic!("consumer on {dlq}: {e}"));
+    let headers = probe.properties.headers().clone().unwrap_or_default();
+    assert_eq!(
+        headers.inner().get("x-switchyard-probe"),
+        Some(&AMQPValue::Boolean(true)),
+        "{headers:?}"
+    );
+    assert_eq!(
+        probe.properties.expiration().as_ref().map(|e| e.as_str()),
+        Some("0")
+    );
+    let _ = watcher.close(200, "OK".into()).await;
+
+    // It forwards and dead-letters as usual.
+    broker.publish("", &inbound, b"routed", routed()).await;
+    broker
+        .publish("", &inbound, b"no route", BasicProperties::default())
+        .await;
+    broker
+        .await_count(&format!("{p}.out"), 1, DEFAULT_TIMEOUT)
+        .await;
+    broker.await_count(&dlq, 1, DEFAULT_TIMEOUT).await;
+    forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    let dead = broker.get_all(&dlq).await;
+    assert_eq!(dead.len(), 1, "only the dead letter, no probe");
+    assert_eq!(dead[0].body, b"no route");
+    assert!(dead[0].header("x-switchyard-probe").is_none());
+
+    // Without a consumer the probe expires at once: a restart adds nothing.
+    let forwarder = InProcess::start_consuming(
+        &one_branch_toml(&base_without_declare(&p, "nack"), &p),
+        &broker,
+        &inbound,
+    )
+    .await;
+    forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(broker.queue_len(&dlq).await, 0, "no probe left in {dlq}");
 
     broker.close().await;
     delete_all_with_prefix(&p).await;

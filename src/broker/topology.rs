@@ -11,15 +11,21 @@
 //! redeclaration never fails on them. A mismatch that matters is a one-line
 //! error naming the argument, the queue's message count and what to change.
 //!
+//! Unless switchyard has just declared and bound the dead-letter queue
+//! itself, one probe message checks that the dead-letter exchange routes the
+//! dead-letter routing key somewhere (see [`PROBE_HEADER`]).
+//!
 //! Every operation runs on its own short-lived channel, because a refused
 //! declaration closes the channel it was made on.
 
 use super::connector::Connector;
 use super::{AmqpValue, FieldTable};
 use crate::config::{DeadLetterMode, Endpoint, QueueType, Settings};
-use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::options::{
+    BasicPublishOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+};
 use lapin::protocol::AMQPErrorKind;
-use lapin::{Channel, ErrorKind, ExchangeKind};
+use lapin::{Channel, Confirmation, ErrorKind, ExchangeKind};
 use std::time::Duration;
 
 const OP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -90,7 +96,82 @@ pub async fn prepare_inbound(
         .await
         .map_err(|e| e.into_error(&format!("binding dead_letter.queue \"{queue}\"")))?;
     }
-    ensure_queue(connector, &inbound_spec(settings)).await
+    ensure_queue(connector, &inbound_spec(settings)).await?;
+    if !(inbound.declare && dl.queue.is_some()) {
+        probe_dead_letter_route(connector, settings).await?;
+    }
+    Ok(())
+}
+
+/// Header that marks the dead-letter route probe.
+pub const PROBE_HEADER: &str = "x-switchyard-probe";
+
+/// Makes sure the dead-letter exchange routes the dead-letter routing key
+/// somewhere, since a dead letter sent into an exchange without a matching
+/// binding is dropped silently (a nack) or returned forever (a republish).
+/// One probe message is published with `mandatory`, on a confirm channel;
+/// it carries [`PROBE_HEADER`] and `expiration = "0"`, so it expires at once
+/// unless a consumer of the dead-letter queue is waiting, which then sees
+/// one probe per start.
+async fn probe_dead_letter_route(
+    connector: &Connector,
+    settings: &Settings,
+) -> Result<(), TopologyError> {
+    let dl = &settings.dead_letter;
+    let broker = &settings.inbound.broker;
+    let mut headers = FieldTable::default();
+    headers.insert(PROBE_HEADER.into(), AmqpValue::Boolean(true));
+    let properties = lapin::BasicProperties::default()
+        .with_expiration("0".into())
+        .with_headers(headers);
+    let options = BasicPublishOptions {
+        mandatory: true,
+        ..Default::default()
+    };
+    let confirmation = run_on(connector, true, |ch| async move {
+        ch.basic_publish(
+            dl.exchange.as_str().into(),
+            dl.routing_key.as_str().into(),
+            options,
+            b"",
+            properties,
+        )
+        .await?
+        .await
+    })
+    .await
+    .map_err(|e| {
+        e.into_error(&format!(
+            "probing dead_letter.exchange \"{}\" with dead_letter.routing_key \"{}\"",
+            dl.exchange, dl.routing_key
+        ))
+    })?;
+    match confirmation {
+        Confirmation::Ack(None) | Confirmation::NotRequested => Ok(()),
+        Confirmation::Ack(Some(_)) if dl.exchange.is_empty() => {
+            Err(TopologyError::Refused(format!(
+                "dead_letter.routing_key \"{}\" names no queue on broker \"{broker}\" (dead_letter.exchange \
+             is the default exchange): every dead letter would be lost; create that queue, or name \
+             an existing one",
+                dl.routing_key
+            )))
+        }
+        Confirmation::Ack(Some(_)) => Err(TopologyError::Refused(format!(
+            "dead_letter.exchange \"{}\" on broker \"{broker}\" routes nothing with \
+             dead_letter.routing_key \"{}\": every dead letter would be lost; bind a queue to it \
+             with that routing key, or set dead_letter.queue and inbound.declare = true so \
+             switchyard declares and binds one",
+            dl.exchange, dl.routing_key
+        ))),
+        Confirmation::Nack(_) => {
+            tracing::warn!(
+                exchange = %dl.exchange,
+                routing_key = %dl.routing_key,
+                "the broker refused the dead-letter route probe (is the dead-letter queue full?); dead letters may be refused too"
+            );
+            Ok(())
+        }
+    }
 }
 
 /// Declares an endpoint's `declare_queue`, if it has one, with its type.
@@ -310,10 +391,16 @@ async fn ensure_queue(connector: &Connector, spec: &QueueSpec<'_>) -> Result<(),
         let current = match &mismatch.current {
             _ if !learnable => return Err(refused(connector, spec, &text).await),
             None => None,
-            Some(value) => match value.to_amqp() {
-                Some(v) => Some(v),
-                None => return Err(refused(connector, spec, &text).await),
-            },
+            Some(value) => {
+                let sent = arguments
+                    .iter()
+                    .find(|(name, _)| *name == mismatch.arg)
+                    .map(|(_, v)| v);
+                match value.to_amqp(sent) {
+                    Some(v) => Some(v),
+                    None => return Err(refused(connector, spec, &text).await),
+                }
+            }
         };
         let preferred = spec.preferred.iter().any(|(name, _)| *name == mismatch.arg);
         let at_least_once = |arg: &str| AT_LEAST_ONCE.contains(&arg);
@@ -366,9 +453,27 @@ struct CurrentValue {
 }
 
 impl CurrentValue {
-    /// The same value as a declare argument, when its type can be sent back.
-    fn to_amqp(&self) -> Option<AmqpValue> {
-        match self.kind.as_deref()? {
+    /// The same value as a declare argument, when its type can be sent
+    /// back. The broker leaves the type out when it equals the type of the
+    /// value `sent`, so that one stands in for it.
+    fn to_amqp(&self, sent: Option<&AmqpValue>) -> Option<AmqpValue> {
+        let kind = match (self.kind.as_deref(), sent) {
+            (Some(kind), _) => kind,
+            (None, Some(AmqpValue::LongString(_) | AmqpValue::ShortString(_))) => "longstr",
+            (None, Some(AmqpValue::Boolean(_))) => "bool",
+            (None, Some(AmqpValue::Double(_))) => "double",
+            (
+                None,
+                Some(
+                    AmqpValue::LongLongInt(_)
+                    | AmqpValue::LongInt(_)
+                    | AmqpValue::ShortInt(_)
+                    | AmqpValue::ShortShortInt(_),
+                ),
+            ) => "long",
+            (None, _) => return None,
+        };
+        match kind {
             "longstr" => Some(AmqpValue::LongString(self.text.as_str().into())),
             "long" | "signedint" | "short" | "byte" => {
                 self.text.parse().ok().map(AmqpValue::LongLongInt)
@@ -588,8 +693,17 @@ where
     F: FnOnce(Channel) -> Fut,
     Fut: Future<Output = lapin::Result<T>>,
 {
+    run_on(connector, false, op).await
+}
+
+/// Runs `op` on a fresh channel (in confirm mode if `confirm`), closed after.
+async fn run_on<F, Fut, T>(connector: &Connector, confirm: bool, op: F) -> Result<T, Op>
+where
+    F: FnOnce(Channel) -> Fut,
+    Fut: Future<Output = lapin::Result<T>>,
+{
     let channel = connector
-        .channel(false, OP_TIMEOUT)
+        .channel(confirm, OP_TIMEOUT)
         .await
         .map_err(|e| Op::Unreachable(e.to_string()))?;
     let result = tokio::time::timeout(OP_TIMEOUT, op(channel.clone())).await;
@@ -669,7 +783,7 @@ mod tests {
                 text: text.to_owned(),
                 kind: Some(kind.to_owned()),
             }
-            .to_amqp()
+            .to_amqp(None)
         };
         assert_eq!(value("10", "signedint"), Some(AmqpValue::LongLongInt(10)));
         assert_eq!(
@@ -679,10 +793,19 @@ mod tests {
         assert_eq!(value("true", "bool"), Some(AmqpValue::Boolean(true)));
         assert_eq!(value("x", "signedint"), None);
         assert_eq!(value("[]", "array"), None);
-        let untyped = CurrentValue {
-            text: "false".to_owned(),
+        // Untyped: the broker printed a value of the type that was sent.
+        let untyped = |text: &str| CurrentValue {
+            text: text.to_owned(),
             kind: None,
         };
-        assert_eq!(untyped.to_amqp(), None);
+        assert_eq!(untyped("false").to_amqp(None), None);
+        assert_eq!(
+            untyped("a.dlx").to_amqp(Some(&AmqpValue::LongString("".into()))),
+            Some(AmqpValue::LongString("a.dlx".into()))
+        );
+        assert_eq!(
+            untyped("7").to_amqp(Some(&AmqpValue::LongInt(3))),
+            Some(AmqpValue::LongLongInt(7))
+        );
     }
 }
