@@ -73,6 +73,11 @@ pub(super) async fn consume_until(
 fn dispatch(forwarder: &Forwarder, tracker: &TaskTracker, envelope: Envelope, receipt: Receipt) {
     telemetry::consumed();
     let envelope = Arc::new(envelope);
+    if let Some(verdict) = super::screen::screen(&envelope) {
+        let settler = forwarder.settler.clone();
+        tracker.spawn(async move { settler.settle(&envelope, receipt, verdict).await });
+        return;
+    }
     // The transaction keeps the table it was routed with, whatever reloads later.
     let table = forwarder.routing.borrow().clone();
     let plans = table.route(&envelope);

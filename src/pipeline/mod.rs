@@ -2,6 +2,7 @@
 //!
 //! - [`consume`]: deliveries → envelopes under peek-lock, one transaction
 //!   task each, reconnecting the consumer when it is lost.
+//! - [`screen`]: the verdict for a message that must not be forwarded.
 //! - route: [`crate::routing`], pure.
 //! - [`deliver`]: one confirmed copy per branch, backup lists walked.
 //! - [`outcome`]: branch outcomes and the verdict they reach.
@@ -13,6 +14,7 @@
 mod consume;
 pub mod deliver;
 pub mod outcome;
+pub mod screen;
 pub mod settle;
 
 use crate::broker::{

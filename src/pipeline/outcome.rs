@@ -37,6 +37,8 @@ pub enum Reason {
     Exhausted,
     /// No filter matched.
     NoRoute,
+    /// The message cannot be forwarded safely (headers nested too deep).
+    Malformed,
 }
 
 impl Reason {
@@ -45,6 +47,7 @@ impl Reason {
         match self {
             Self::Exhausted => "exhausted",
             Self::NoRoute => "no-route",
+            Self::Malformed => "malformed",
         }
     }
 }
@@ -156,5 +159,6 @@ mod tests {
     fn reasons_have_their_documented_names() {
         assert_eq!(Reason::Exhausted.as_str(), "exhausted");
         assert_eq!(Reason::NoRoute.as_str(), "no-route");
+        assert_eq!(Reason::Malformed.as_str(), "malformed");
     }
 }
