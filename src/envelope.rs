@@ -1,6 +1,8 @@
 //! The message as the pipeline sees it: one inbound delivery, owned, with the
 //! accessors filters and deliveries need. Carries no broker handle; the
-//! receipt to settle it travels beside it.
+//! receipt to settle it travels beside it. Its `Debug` never shows header
+//! values (they can be arbitrarily nested), and [`Envelope::header_depth`]
+//! measures how deep they nest without recursing.
 
 use crate::broker::{AmqpValue, FieldTable, Properties};
 use std::borrow::Cow;
@@ -12,8 +14,13 @@ pub const HOPS_HEADER: &str = "x-switchyard-hops";
 /// Prefix of every header the forwarder owns; producers' are stripped.
 pub const OWN_PREFIX: &str = "x-switchyard-";
 
+/// The deepest nesting of tables and arrays a message's headers may have to
+/// be forwarded. Real headers nest a handful of levels (`x-death` nests 3);
+/// a deeper message is dead-lettered as malformed.
+pub const MAX_HEADER_DEPTH: usize = 64;
+
 /// One inbound message.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Envelope {
     /// Delivery tag on the consuming channel.
     pub delivery_tag: u64,
@@ -36,6 +43,15 @@ impl Envelope {
             .message_id()
             .as_ref()
             .map_or("-", |id| id.as_str())
+    }
+
+    /// How deep the headers nest: 0 without headers or with scalar values
+    /// only, 1 for a table or array value holding scalars, one more for each
+    /// table or array inside it. Computed with an explicit stack, so any
+    /// depth is safe to measure.
+    pub fn header_depth(&self) -> usize {
+        self.headers()
+            .map_or(0, |h| deepest(h.inner().values().map(|v| (v, 0))))
     }
 
     /// The message headers, if any.
@@ -75,6 +91,50 @@ impl Envelope {
     }
 }
 
+impl std::fmt::Debug for Envelope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Envelope")
+            .field("delivery_tag", &self.delivery_tag)
+            .field("message_id", &self.message_id())
+            .field("exchange", &self.exchange)
+            .field("routing_key", &self.routing_key)
+            .field("redelivered", &self.redelivered)
+            .field(
+                "header_count",
+                &self.headers().map_or(0, |h| h.inner().len()),
+            )
+            .field("body_len", &self.body.len())
+            .finish()
+    }
+}
+
+/// How deep `value` nests: 0 for a scalar, 1 for a table or array of
+/// scalars, and so on. Iterative, like [`Envelope::header_depth`].
+pub fn value_depth(value: &AmqpValue) -> usize {
+    deepest(std::iter::once((value, 0)))
+}
+
+/// The deepest nesting under `roots`, each given with the depth of the
+/// container holding it.
+fn deepest<'a>(roots: impl Iterator<Item = (&'a AmqpValue, usize)>) -> usize {
+    let mut pending: Vec<(&AmqpValue, usize)> = roots.collect();
+    let mut max = 0;
+    while let Some((value, outer)) = pending.pop() {
+        match value {
+            AmqpValue::FieldTable(table) => {
+                max = max.max(outer + 1);
+                pending.extend(table.inner().values().map(|v| (v, outer + 1)));
+            }
+            AmqpValue::FieldArray(array) => {
+                max = max.max(outer + 1);
+                pending.extend(array.as_slice().iter().map(|v| (v, outer + 1)));
+            }
+            _ => {}
+        }
+    }
+    max
+}
+
 /// The text form of a scalar AMQP value: strings as UTF-8 (lossy), numbers
 /// in decimal, booleans as `true`/`false`. Arrays, tables, byte arrays and
 /// void have none.
@@ -99,4 +159,138 @@ pub fn value_text(value: &AmqpValue) -> Option<Cow<'_, str>> {
         | AmqpValue::ByteArray(_)
         | AmqpValue::Void => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::{FieldArray, Properties};
+
+    fn envelope(headers: Option<FieldTable>) -> Envelope {
+        let properties = match headers {
+            Some(h) => Properties::default().with_headers(h),
+            None => Properties::default(),
+        };
+        Envelope {
+            delivery_tag: 1,
+            exchange: String::new(),
+            routing_key: "rk".to_owned(),
+            redelivered: false,
+            properties,
+            body: Vec::new(),
+        }
+    }
+
+    fn table(entries: Vec<(&str, AmqpValue)>) -> AmqpValue {
+        let mut t = FieldTable::default();
+        for (k, v) in entries {
+            t.insert(k.into(), v);
+        }
+        AmqpValue::FieldTable(t)
+    }
+
+    fn array(items: Vec<AmqpValue>) -> AmqpValue {
+        AmqpValue::FieldArray(FieldArray::from(items))
+    }
+
+    fn headers(entries: Vec<(&str, AmqpValue)>) -> Option<FieldTable> {
+        match table(entries) {
+            AmqpValue::FieldTable(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// `depth` levels, alternating tables and arrays when `mixed`.
+    fn nested(depth: usize, kind: &str) -> AmqpValue {
+        let mut v = AmqpValue::LongString("leaf".into());
+        for level in 0..depth {
+            v = match (kind, level % 2) {
+                ("array", _) | ("mixed", 1) => array(vec![v]),
+                _ => table(vec![("k", v)]),
+            };
+        }
+        v
+    }
+
+    fn text(s: &str) -> AmqpValue {
+        AmqpValue::LongString(s.into())
+    }
+
+    #[test]
+    fn no_headers_and_scalar_headers_have_depth_zero() {
+        assert_eq!(envelope(None).header_depth(), 0);
+        assert_eq!(envelope(headers(vec![])).header_depth(), 0);
+        let flat = headers(vec![("a", text("x")), ("b", AmqpValue::LongLongInt(7))]);
+        assert_eq!(envelope(flat).header_depth(), 0);
+    }
+
+    #[test]
+    fn empty_containers_count_as_one_level() {
+        assert_eq!(
+            envelope(headers(vec![("t", table(vec![]))])).header_depth(),
+            1
+        );
+        assert_eq!(
+            envelope(headers(vec![("a", array(vec![]))])).header_depth(),
+            1
+        );
+    }
+
+    #[test]
+    fn depth_counts_nested_tables_arrays_and_mixes() {
+        for kind in ["table", "array", "mixed"] {
+            for depth in [1, 2, 3, 64, 65, 1000] {
+                let h = headers(vec![("flat", text("x")), ("deep", nested(depth, kind))]);
+                assert_eq!(envelope(h).header_depth(), depth, "{kind} {depth}");
+            }
+        }
+    }
+
+    #[test]
+    fn depth_is_the_deepest_branch() {
+        // x-death's shape: an array of tables holding an array.
+        let death = array(vec![
+            table(vec![("count", AmqpValue::LongLongInt(1))]),
+            table(vec![("routing-keys", array(vec![text("rk")]))]),
+        ]);
+        let h = headers(vec![
+            ("x-death", death.clone()),
+            ("shallow", array(vec![text("a"), text("b")])),
+        ]);
+        assert_eq!(envelope(h).header_depth(), 3);
+        assert_eq!(value_depth(&death), 3);
+        assert_eq!(value_depth(&text("x")), 0);
+        assert_eq!(value_depth(&nested(7, "mixed")), 7);
+    }
+
+    #[test]
+    fn measuring_does_not_recurse() {
+        // Built and dropped on a thread with room for that; measured on one
+        // with 256 KiB, far less than a recursive walk of 20,000 levels needs.
+        let big = std::thread::Builder::new().stack_size(256 << 20);
+        let depth = big
+            .spawn(|| {
+                let e = envelope(headers(vec![("deep", nested(20_000, "mixed"))]));
+                std::thread::scope(|s| {
+                    std::thread::Builder::new()
+                        .stack_size(256 << 10)
+                        .spawn_scoped(s, || e.header_depth())
+                        .unwrap()
+                        .join()
+                        .unwrap()
+                })
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        assert_eq!(depth, 20_000);
+    }
+
+    #[test]
+    fn debug_never_shows_header_values() {
+        let e = envelope(headers(vec![("secret", text("hunter2"))]));
+        let shown = format!("{e:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("header_count: 1"), "{shown}");
+    }
 }

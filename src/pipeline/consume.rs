@@ -108,19 +108,28 @@ fn dispatch(
 ) {
     telemetry::consumed();
     let envelope = Arc::new(envelope);
-    // The transaction keeps the table it was routed with, whatever reloads later.
-    let table = forwarder.routing.borrow().clone();
-    let plans = table.route(&envelope);
+    let refused = forwarder.screen.check(&envelope);
+    let started = match refused {
+        Some(verdict) => Err(verdict),
+        None => {
+            // The transaction keeps the table it was routed with, whatever reloads later.
+            let table = forwarder.routing.borrow().clone();
+            let plans = table.route(&envelope);
+            if plans.is_empty() {
+                Err(Verdict::no_route())
+            } else {
+                Ok(deliver::start(&envelope, plans, &forwarder.publishers))
+            }
+        }
+    };
     let settler = forwarder.settler.clone();
     let abandon = forwarder.abandon.clone();
     telemetry::in_flight(1);
-    let started =
-        (!plans.is_empty()).then(|| deliver::start(&envelope, plans, &forwarder.publishers));
     tracker.spawn(async move {
         let transaction = async {
             let verdict = match started {
-                Some(started) => started.finish(receipt.lost()).await.verdict(),
-                None => Verdict::no_route(),
+                Ok(started) => started.finish(receipt.lost()).await.verdict(),
+                Err(verdict) => verdict,
             };
             settler.settle(&envelope, receipt, verdict).await;
         };

@@ -2,6 +2,7 @@
 //!
 //! - [`consume`]: deliveries → envelopes under peek-lock, one transaction
 //!   task each, reconnecting the consumer when it is lost.
+//! - [`screen`]: the verdict for a message that must not be forwarded.
 //! - route: [`crate::routing`], pure.
 //! - [`deliver`]: one confirmed copy per branch, backup lists walked.
 //! - [`outcome`]: branch outcomes and the verdict they reach.
@@ -13,6 +14,7 @@
 mod consume;
 pub mod deliver;
 pub mod outcome;
+pub mod screen;
 pub mod settle;
 
 use crate::broker::{
@@ -49,6 +51,8 @@ pub struct Forwarder {
     /// Kept so the routing channel stays open; reload publishes through it.
     _routing_source: watch::Sender<Arc<RoutingTable>>,
     publishers_stop: CancellationToken,
+    /// Checks before routing: malformed, loop, poison.
+    screen: screen::Screen,
     /// One per message in flight, `prefetch` in all, across consumer reconnects.
     permits: Arc<Semaphore>,
     /// The blocked state of every publishing connection.
@@ -109,6 +113,8 @@ impl Forwarder {
             &settings.inbound.queue,
         );
         let (routing_source, routing) = watch::channel(settings.routing.clone());
+        let screen =
+            screen::Screen::new(settings.inbound.max_hops, settings.inbound.max_redeliveries);
         let permits = Arc::new(Semaphore::new(usize::from(settings.inbound.prefetch)));
         let blocking = publish_connectors.values().map(|c| c.blocking()).collect();
         Self {
@@ -120,6 +126,7 @@ impl Forwarder {
             routing,
             _routing_source: routing_source,
             publishers_stop,
+            screen,
             permits,
             blocking,
             abandon: CancellationToken::new(),

@@ -57,6 +57,8 @@ pub enum Reason {
     Poison,
     /// The message was forwarded too many times (`inbound.max_hops`).
     Loop,
+    /// The message cannot be forwarded safely (headers nested too deep).
+    Malformed,
 }
 
 impl Reason {
@@ -68,6 +70,7 @@ impl Reason {
             Self::Rejected => "rejected",
             Self::Poison => "poison",
             Self::Loop => "loop",
+            Self::Malformed => "malformed",
         }
     }
 }
@@ -195,6 +198,7 @@ mod tests {
     fn reasons_have_their_documented_names() {
         assert_eq!(Reason::Exhausted.as_str(), "exhausted");
         assert_eq!(Reason::NoRoute.as_str(), "no-route");
+        assert_eq!(Reason::Malformed.as_str(), "malformed");
         assert_eq!(Reason::Rejected.as_str(), "rejected");
         assert_eq!(Reason::Poison.as_str(), "poison");
         assert_eq!(Reason::Loop.as_str(), "loop");

@@ -12,12 +12,13 @@
 //! abandoned verdict (the inbound channel is gone) settles nothing: the
 //! broker redelivers the message.
 
-use super::outcome::Verdict;
+use super::outcome::{Reason, Verdict};
 use crate::broker::{
-    AmqpValue, FieldArray, Mode, Properties, PublishFailure, Publisher, Receipt, ShortString,
+    AmqpValue, FieldArray, FieldTable, Mode, Properties, PublishFailure, Publisher, Receipt,
+    ShortString,
 };
 use crate::config::DeadLetterMode;
-use crate::envelope::{Envelope, HOPS_HEADER};
+use crate::envelope::{Envelope, HOPS_HEADER, MAX_HEADER_DEPTH, value_depth};
 use crate::telemetry;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -56,8 +57,10 @@ impl Settler {
                 error,
                 failed,
                 delivered,
-            } => (reason.as_str(), one_line(&error), failed, delivered),
+            } => (reason, one_line(&error), failed, delivered),
         };
+        let malformed = reason == Reason::Malformed;
+        let reason = reason.as_str();
         match (&self.mode, &self.dead_letters) {
             (DeadLetterMode::Republish, Some(publisher)) => {
                 let mut headers =
@@ -67,7 +70,12 @@ impl Settler {
                     HOPS_HEADER.into(),
                     AmqpValue::LongLongInt(i64::from(envelope.hops())),
                 ));
-                if publish_dead_letter(publisher, envelope, headers, &receipt, reason).await {
+                let copy = if malformed {
+                    Arc::new(without_deep_headers(envelope))
+                } else {
+                    envelope.clone()
+                };
+                if publish_dead_letter(publisher, &copy, headers, &receipt, reason).await {
                     telemetry::dead_lettered(
                         message_id,
                         reason,
@@ -185,6 +193,111 @@ pub fn annotations(
     ]
 }
 
+/// `envelope` with every top-level header whose value nests deeper than
+/// [`MAX_HEADER_DEPTH`] replaced by a short string naming the header and its
+/// depth (`x-switchyard-removed: <name>: nested N levels`), so the dead
+/// letter of a malformed message can itself be published and read. The
+/// envelope is cloned whole first, so like any handling of a deep value this
+/// wants the binary's large thread stacks.
+pub fn without_deep_headers(envelope: &Envelope) -> Envelope {
+    let mut copy = envelope.clone();
+    if let Some(headers) = envelope.headers() {
+        let mut kept = FieldTable::default();
+        for (name, value) in headers {
+            let depth = value_depth(value);
+            let value = if depth > MAX_HEADER_DEPTH {
+                let note = format!("x-switchyard-removed: {name}: nested {depth} levels");
+                AmqpValue::LongString(note.into())
+            } else {
+                value.clone()
+            };
+            kept.insert(name.clone(), value);
+        }
+        copy.properties = copy.properties.with_headers(kept);
+    }
+    copy
+}
+
 fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::Properties;
+
+    fn nested(depth: usize) -> AmqpValue {
+        let mut value = AmqpValue::LongString("leaf".into());
+        for level in 0..depth {
+            value = if level % 2 == 0 {
+                AmqpValue::FieldArray(FieldArray::from(vec![value]))
+            } else {
+                let mut table = FieldTable::default();
+                table.insert("k".into(), value);
+                AmqpValue::FieldTable(table)
+            };
+        }
+        value
+    }
+
+    fn envelope(headers: Option<Vec<(&str, AmqpValue)>>) -> Envelope {
+        let mut properties = Properties::default()
+            .with_message_id("m-1".into())
+            .with_priority(3);
+        if let Some(entries) = headers {
+            let mut table = FieldTable::default();
+            for (name, value) in entries {
+                table.insert(name.into(), value);
+            }
+            properties = properties.with_headers(table);
+        }
+        Envelope {
+            delivery_tag: 9,
+            exchange: "ex".to_owned(),
+            routing_key: "rk".to_owned(),
+            redelivered: true,
+            properties,
+            body: b"body".to_vec(),
+        }
+    }
+
+    #[test]
+    fn deep_headers_become_a_note_and_the_rest_is_kept() {
+        let original = envelope(Some(vec![
+            ("deep", nested(500)),
+            ("limit", nested(MAX_HEADER_DEPTH)),
+            ("over", nested(MAX_HEADER_DEPTH + 1)),
+            ("plain", AmqpValue::LongLongInt(42)),
+        ]));
+        let copy = without_deep_headers(&original);
+        let text = |s: &str| AmqpValue::LongString(s.into());
+        assert_eq!(
+            copy.header("deep"),
+            Some(&text("x-switchyard-removed: deep: nested 500 levels"))
+        );
+        assert_eq!(
+            copy.header("over"),
+            Some(&text("x-switchyard-removed: over: nested 65 levels"))
+        );
+        assert_eq!(copy.header("limit"), original.header("limit"));
+        assert_eq!(copy.header("plain"), Some(&AmqpValue::LongLongInt(42)));
+        assert_eq!(copy.headers().map(|h| h.inner().len()), Some(4));
+        assert_eq!(copy.header_depth(), MAX_HEADER_DEPTH);
+        assert_eq!(copy.body, original.body);
+        assert_eq!(copy.routing_key, original.routing_key);
+        assert_eq!(copy.message_id(), "m-1");
+        assert_eq!(copy.properties.priority(), &Some(3));
+    }
+
+    #[test]
+    fn shallow_or_missing_headers_are_unchanged() {
+        let shallow = envelope(Some(vec![("a", nested(2))]));
+        assert_eq!(
+            without_deep_headers(&shallow).properties,
+            shallow.properties
+        );
+        let bare = envelope(None);
+        assert_eq!(without_deep_headers(&bare).properties, bare.properties);
+    }
 }
