@@ -246,6 +246,21 @@ pub fn isolating(message_id: &str, branch: &str, endpoint: &str, error: &dyn std
     tracing::info!(message_id, branch, endpoint, %error, "retrying alone on the same endpoint");
 }
 
+/// Every endpoint of a branch with `outage = "wait"` is unreachable: the
+/// message is held and consuming pauses until one recovers.
+pub fn outage_wait(message_id: &str, branch: &str) {
+    tracing::warn!(
+        message_id,
+        branch,
+        "every endpoint unreachable; holding the message until one recovers"
+    );
+}
+
+/// A branch that waited out an outage tries its list again.
+pub fn outage_over(message_id: &str, branch: &str) {
+    tracing::info!(message_id, branch, "outage over; trying the list again");
+}
+
 /// The inbound consumer was lost and is being reopened.
 pub fn consumer_lost(queue: &str, error: &str) {
     tracing::warn!(queue, error, "inbound consumer lost; reconnecting");

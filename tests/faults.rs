@@ -349,3 +349,63 @@ async fn transactions_of_a_lost_inbound_channel_start_no_new_publishes() {
     drop(proxy);
     delete_all_with_prefix(&p).await;
 }
+
+#[tokio::test]
+async fn with_outage_wait_a_branch_whose_brokers_are_all_unreachable_holds_its_messages() {
+    let p = unique_prefix("fault-outage");
+    let broker = TestBroker::connect(&p).await;
+    let proxy = FaultProxy::start(amqp_addr()).await;
+    let inbound = format!("{p}.in");
+    let toml = one_branch(
+        &p,
+        "nack",
+        &format!("\n[brokers.edge]\nuri = \"{}\"\n", proxy.amqp_url()),
+        &endpoint_toml("primary", "edge", &format!("{p}.primary"), true, ""),
+        &endpoint_toml("backup", "edge", &format!("{p}.backup"), true, ""),
+    )
+    .replace(
+        "backup_list = \"backups\"\n",
+        "backup_list = \"backups\"\noutage = \"wait\"\n",
+    );
+    let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
+    publish_range(&broker, &inbound, 0..10).await;
+    at_least(&broker, &format!("{p}.primary"), 10).await;
+
+    // The only broker of the branch goes away and refuses to come back.
+    proxy.refuse(true);
+    proxy.cut();
+    publish_range(&broker, &inbound, 10..30).await;
+    wait_until("the twenty are held", DEFAULT_TIMEOUT, || async {
+        ready_unacked(&inbound)
+            .await
+            .is_some_and(|(ready, unacked)| ready + unacked == 20 && unacked >= 1)
+    })
+    .await;
+    // Held, not dead-lettered, for as long as the outage lasts.
+    let watched = tokio::time::Instant::now();
+    while watched.elapsed() < std::time::Duration::from_secs(3) {
+        assert_eq!(broker.queue_len(&format!("{p}.dlq")).await, 0);
+        tokio::time::sleep(support::POLL_INTERVAL).await;
+    }
+
+    proxy.refuse(false);
+    wait_until(
+        "the held messages are delivered",
+        DEFAULT_TIMEOUT,
+        || async { ready_unacked(&inbound).await == Some((0, 0)) },
+    )
+    .await;
+    forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    let primary = counts(&broker.get_all(&format!("{p}.primary")).await);
+    let backup = counts(&broker.get_all(&format!("{p}.backup")).await);
+    for i in 0..30 {
+        let id = format!("m{i:05}");
+        assert!(
+            primary.contains_key(&id) || backup.contains_key(&id),
+            "{id} lost"
+        );
+    }
+    assert_eq!(broker.queue_len(&format!("{p}.dlq")).await, 0);
+    drop(proxy);
+    delete_all_with_prefix(&p).await;
+}

@@ -13,28 +13,41 @@
 //! failed over: if it fails alone, the broker refuses that message itself
 //! and the branch ends `Rejected`. Once the inbound channel is lost (the
 //! message will be redelivered anyway) no new attempt is started.
+//!
+//! A branch with `outage = "wait"` whose every endpoint is unreachable at
+//! the connection level does not fail: it waits (its message unacked, and
+//! consuming paused while any branch waits) until a probe finds one of its
+//! endpoints up, then walks its list again.
 
 use super::outcome::{BranchOutcome, Outcome};
 use crate::broker::{Mode, PublishFailure, Publisher};
 use crate::config::Endpoint;
 use crate::envelope::Envelope;
-use crate::routing::BranchPlan;
+use crate::routing::{BranchPlan, Outage};
 use crate::telemetry;
 use futures_util::future::join_all;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-/// Publishers by endpoint name.
-#[derive(Clone, Default)]
+/// Publishers by endpoint name, with the health epoch they share.
+#[derive(Clone)]
 pub struct Publishers {
     by_endpoint: Arc<HashMap<String, Publisher>>,
+    /// Bumped on every endpoint health change.
+    health: watch::Receiver<u64>,
+    /// How many branches are waiting out an outage now.
+    waiting: Arc<watch::Sender<usize>>,
 }
 
 impl Publishers {
-    /// Publishers from their handles.
-    pub fn new(publishers: impl IntoIterator<Item = Publisher>) -> Self {
+    /// Publishers from their handles; `health` follows their health epoch.
+    pub fn new(
+        publishers: impl IntoIterator<Item = Publisher>,
+        health: watch::Receiver<u64>,
+    ) -> Self {
         Self {
             by_endpoint: Arc::new(
                 publishers
@@ -42,7 +55,14 @@ impl Publishers {
                     .map(|p| (p.endpoint().name.clone(), p))
                     .collect(),
             ),
+            health,
+            waiting: Arc::new(watch::Sender::new(0)),
         }
+    }
+
+    /// Returns once no branch is waiting out an outage.
+    pub async fn no_outage(&self) {
+        let _ = self.waiting.subscribe().wait_for(|n| *n == 0).await;
     }
 
     /// Every publisher.
@@ -138,10 +158,53 @@ struct Walk<'a> {
 
 impl Walk<'_> {
     async fn run(self, at: usize, first: Attempt) -> BranchOutcome {
+        let mut outcome = self.walk(at, Some(first)).await;
+        while matches!(outcome, BranchOutcome::Failed { .. })
+            && self.plan.outage == Outage::Wait
+            && self.all_unreachable()
+            && !self.orphaned.is_cancelled()
+        {
+            self.wait_for_recovery().await;
+            outcome = self
+                .walk(self.publishers.first_usable(&self.plan), None)
+                .await;
+        }
+        outcome
+    }
+
+    /// Waits, counted as waiting, until an endpoint of the list is up or
+    /// the inbound channel is lost.
+    async fn wait_for_recovery(&self) {
+        let message_id = self.envelope.message_id();
+        telemetry::outage_wait(message_id, &self.plan.name);
+        self.publishers.waiting.send_modify(|n| *n += 1);
+        let mut health = self.publishers.health.clone();
+        loop {
+            if self.plan.endpoints().any(|e| self.publishers.is_up(e)) {
+                break;
+            }
+            tokio::select! {
+                () = self.orphaned.cancelled() => break,
+                changed = health.changed() => if changed.is_err() { break },
+            }
+        }
+        self.publishers.waiting.send_modify(|n| *n -= 1);
+        telemetry::outage_over(message_id, &self.plan.name);
+    }
+
+    fn all_unreachable(&self) -> bool {
+        self.plan.endpoints().all(|e| {
+            self.publishers
+                .get(e)
+                .is_some_and(|p| p.health().is_unreachable())
+        })
+    }
+
+    async fn walk(&self, at: usize, first: Option<Attempt>) -> BranchOutcome {
         let plan = &self.plan;
         let message_id = self.envelope.message_id();
         let endpoints: Vec<&Arc<Endpoint>> = plan.endpoints().collect();
-        let mut first = Some(first);
+        let mut first = first;
         let mut last_error = None;
         for (i, endpoint) in endpoints.iter().enumerate().skip(at) {
             if first.is_none() && self.skippable(endpoint, &endpoints[i + 1..]) {

@@ -82,14 +82,17 @@ impl Forwarder {
         ));
         let publishers_stop = CancellationToken::new();
         let health_epoch = Arc::new(watch::Sender::new(0));
-        let publishers = Publishers::new(settings.endpoints.values().map(|endpoint| {
-            Publisher::spawn(
-                endpoint.clone(),
-                publish_connectors[&endpoint.broker].clone(),
-                Arc::new(EndpointHealth::new(&endpoint.name, health_epoch.clone())),
-                publishers_stop.clone(),
-            )
-        }));
+        let publishers = Publishers::new(
+            settings.endpoints.values().map(|endpoint| {
+                Publisher::spawn(
+                    endpoint.clone(),
+                    publish_connectors[&endpoint.broker].clone(),
+                    Arc::new(EndpointHealth::new(&endpoint.name, health_epoch.clone())),
+                    publishers_stop.clone(),
+                )
+            }),
+            health_epoch.subscribe(),
+        );
         let dead_letters = (settings.dead_letter.mode == DeadLetterMode::Republish).then(|| {
             let endpoint = Arc::new(Endpoint {
                 name: "dead-letter".to_owned(),
@@ -133,10 +136,17 @@ impl Forwarder {
         }
     }
 
-    /// Returns once no publishing broker blocks publishers.
+    /// Returns once no publishing broker blocks publishers and no branch
+    /// waits out an outage.
     async fn wait_until_publishing(&self) {
-        for blocking in &self.blocking {
-            let _ = blocking.clone().wait_for(|b| !b.blocked).await;
+        loop {
+            for blocking in &self.blocking {
+                let _ = blocking.clone().wait_for(|b| !b.blocked).await;
+            }
+            self.publishers.no_outage().await;
+            if self.blocking.iter().all(|b| !b.borrow().blocked) {
+                return;
+            }
         }
     }
 
