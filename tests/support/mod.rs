@@ -1,6 +1,7 @@
 //! Shared support for switchyard's integration tests: a real-broker test
-//! client (`TestBroker`), polling helpers, `rabbitmqctl` wrappers and an
-//! in-process TCP fault-injection proxy (`FaultProxy`).
+//! client (`TestBroker`), polling helpers, `rabbitmqctl` wrappers, an
+//! in-process TCP fault-injection proxy (`FaultProxy`), and a private
+//! RabbitMQ node (`PrivateNode`) for faults the shared broker must not see.
 //!
 //! Every test names all of its queues, exchanges and connections with a
 //! `unique_prefix`, so tests can run in parallel and repeatedly against the
@@ -9,6 +10,7 @@
 
 pub mod broker;
 pub mod harness;
+pub mod node;
 pub mod polling;
 pub mod proxy;
 pub mod rabbitmqctl;
@@ -16,6 +18,8 @@ pub mod rabbitmqctl;
 // Each test binary uses a different part of the kit.
 #[allow(unused_imports)]
 pub use broker::*;
+#[allow(unused_imports)]
+pub use node::*;
 #[allow(unused_imports)]
 pub use polling::*;
 #[allow(unused_imports)]

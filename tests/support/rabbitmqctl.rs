@@ -143,7 +143,7 @@ pub async fn close_connections_named(fragment: &str) -> usize {
 
 /// Extracts `connection_name` from rabbitmqctl's Erlang-ish rendering of client_properties,
 /// e.g. `[...,{"connection_name","my-name"},...]`.
-fn parse_connection_name(props: &str) -> Option<String> {
+pub(super) fn parse_connection_name(props: &str) -> Option<String> {
     const KEY: &str = "{\"connection_name\",\"";
     let start = props.find(KEY)? + KEY.len();
     let mut name = String::new();
