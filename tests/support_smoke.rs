@@ -578,3 +578,22 @@ async fn private_node_alarms_refuses_restarts_and_stops() {
     let after = Connection::connect(&url, ConnectionProperties::default()).await;
     assert!(after.is_err(), "the stopped node still accepts connections");
 }
+
+#[tokio::test]
+async fn black_hole_accepts_and_never_answers() {
+    let hole = BlackHole::start().await;
+    let url = hole.amqp_url();
+    let connect = Connection::connect(
+        &url,
+        ConnectionProperties::default().with_connection_name("sy-black-hole".into()),
+    );
+    tokio::pin!(connect);
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), connect.as_mut())
+            .await
+            .is_err(),
+        "a connect to the black hole neither succeeds nor fails"
+    );
+    assert_eq!(hole.accepted(), 1);
+    drop(hole);
+}

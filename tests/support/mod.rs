@@ -1,6 +1,7 @@
 //! Shared support for switchyard's integration tests: a real-broker test
 //! client (`TestBroker`), polling helpers, `rabbitmqctl` wrappers, an
-//! in-process TCP fault-injection proxy (`FaultProxy`), and a private
+//! in-process TCP fault-injection proxy (`FaultProxy`), a listener that
+//! never answers (`BlackHole`), and a private
 //! RabbitMQ node (`PrivateNode`) for faults the shared broker must not see.
 //!
 //! Every test names all of its queues, exchanges and connections with a

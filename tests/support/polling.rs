@@ -7,6 +7,9 @@ use std::time::Duration;
 pub const POLL_INTERVAL: Duration = Duration::from_millis(50);
 /// A generous default timeout for broker-side conditions in tests.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(20);
+/// The deadline for a wait whose length grows with the number of messages
+/// (thousands through a debug build on a loaded machine).
+pub const BULK_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// Polls `cond` every ~50 ms until it returns true; panics naming `what` after `timeout`.
 pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut cond: F)

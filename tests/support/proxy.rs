@@ -1,5 +1,6 @@
-//! `FaultProxy`: an in-process TCP proxy in front of a broker that can
-//! stall, cut and refuse connections.
+//! TCP faults: `FaultProxy`, an in-process proxy in front of a broker that
+//! can stall, cut and refuse connections, and `BlackHole`, a listener that
+//! accepts connections and never answers.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -254,4 +255,66 @@ async fn pump<R, W>(
         }
     }
     let _ = w.shutdown().await;
+}
+
+/// A TCP listener that accepts connections, reads whatever they send and
+/// never writes a byte back: a broker that is reachable but never answers
+/// (unlike a refused port, which fails a connect at once).
+pub struct BlackHole {
+    addr: SocketAddr,
+    accepted: Arc<AtomicU64>,
+    accept_task: JoinHandle<()>,
+}
+
+impl BlackHole {
+    /// Listens on 127.0.0.1:<ephemeral>.
+    pub async fn start() -> BlackHole {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind black hole");
+        let addr = listener.local_addr().expect("black hole local addr");
+        let accepted = Arc::new(AtomicU64::new(0));
+        let counter = accepted.clone();
+        let accept_task = tokio::spawn(async move {
+            // Dropped with the accept task, which aborts every reader.
+            let mut readers = tokio::task::JoinSet::new();
+            loop {
+                let Ok((mut conn, _)) = listener.accept().await else {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                };
+                counter.fetch_add(1, Ordering::SeqCst);
+                readers.spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    while matches!(conn.read(&mut buf).await, Ok(n) if n > 0) {}
+                });
+            }
+        });
+        BlackHole {
+            addr,
+            accepted,
+            accept_task,
+        }
+    }
+
+    /// The listening address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `amqp://guest:guest@127.0.0.1:<port>/%2f`: a broker URL nothing answers on.
+    pub fn amqp_url(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.addr.port())
+    }
+
+    /// How many connections it has accepted so far.
+    pub fn accepted(&self) -> u64 {
+        self.accepted.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for BlackHole {
+    fn drop(&mut self) {
+        self.accept_task.abort();
+    }
 }
