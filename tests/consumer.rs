@@ -8,8 +8,9 @@ use lapin::BasicProperties;
 use std::collections::BTreeSet;
 use support::harness::{InProcess, base_toml, endpoint_toml, seed_toml, wait_consumers};
 use support::{
-    DEFAULT_TIMEOUT, FaultProxy, Message, TestBroker, amqp_addr, amqp_str, close_connections_named,
-    delete_all_with_prefix, field_table, ready_unacked, unique_prefix, wait_until,
+    BULK_TIMEOUT, DEFAULT_TIMEOUT, FaultProxy, Message, TestBroker, amqp_addr, amqp_str,
+    close_connections_named, delete_all_with_prefix, field_table, ready_unacked, unique_prefix,
+    wait_until,
 };
 
 const N: u32 = 6_000;
@@ -49,7 +50,7 @@ async fn the_consumer_reconnects_after_its_connection_is_closed_and_loses_nothin
     wait_consumers(&broker, &format!("{p}.in"), 1).await;
     wait_until(
         "inbound drained after the reconnect",
-        DEFAULT_TIMEOUT,
+        BULK_TIMEOUT,
         || async {
             broker.queue_len(&format!("{p}.in")).await == 0
                 && broker.queue_len(&format!("{p}.logging")).await >= N

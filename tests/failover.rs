@@ -9,8 +9,8 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 use support::harness::{InProcess, base_toml, endpoint_toml};
 use support::{
-    DEFAULT_TIMEOUT, FaultProxy, Message, TestBroker, amqp_addr, close_connections_named,
-    delete_all_with_prefix, unique_prefix, wait_until,
+    BlackHole, DEFAULT_TIMEOUT, FaultProxy, Message, TestBroker, amqp_addr,
+    close_connections_named, delete_all_with_prefix, unique_prefix, wait_until,
 };
 
 /// One branch "service": `primary` then `backup`.
@@ -274,22 +274,33 @@ async fn a_cut_connection_fails_over() {
 async fn an_unreachable_broker_fails_over_without_waiting_for_each_connect() {
     let p = unique_prefix("fo-down");
     let broker = TestBroker::connect(&p).await;
-    let proxy = FaultProxy::start(amqp_addr()).await;
-    proxy.refuse(true);
+    // Accepts TCP and never answers: each connect attempt can only time out.
+    let hole = BlackHole::start().await;
     let toml = one_branch(
         &p,
-        &format!("\n[brokers.down]\nuri = \"{}\"\n", proxy.amqp_url()),
+        &format!("\n[brokers.down]\nuri = \"{}\"\n", hole.amqp_url()),
         &endpoint_toml("primary", "down", &format!("{p}.primary"), false, ""),
         &endpoint_toml("backup", "main", &format!("{p}.backup"), true, ""),
     );
     let forwarder = InProcess::start_consuming(&toml, &broker, &format!("{p}.in")).await;
     publish_numbered(&broker, &p, 0..200).await;
+    // Far less than 200 connect timeouts: the messages share the attempts
+    // and fail fast while the reconnect backs off.
     broker
-        .await_count(&format!("{p}.backup"), 200, Duration::from_secs(30))
+        .await_count(&format!("{p}.backup"), 200, Duration::from_secs(90))
         .await;
+    assert!(
+        hole.accepted() >= 1,
+        "the forwarder tried the silent broker"
+    );
     forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        bodies(&broker.get_all(&format!("{p}.backup")).await),
+        numbered(0..200)
+    );
     assert_eq!(broker.queue_len(&format!("{p}.dlq")).await, 0);
-    drop(proxy);
+    assert_eq!(broker.queue_len(&format!("{p}.in")).await, 0);
+    drop(hole);
     delete_all_with_prefix(&p).await;
 }
 
@@ -335,6 +346,9 @@ async fn an_endpoint_is_retried_as_configured_before_failing_over() {
 
 #[tokio::test]
 async fn a_stalled_branch_does_not_hold_up_the_other_branch() {
+    // The stalled copies fail over only after this; the healthy branch must
+    // have all its copies long before, even on a loaded machine.
+    const STALL_TIMEOUT_MS: u64 = 10_000;
     let p = unique_prefix("fo-hol");
     let broker = TestBroker::connect(&p).await;
     let proxy = FaultProxy::start(amqp_addr()).await;
@@ -367,7 +381,7 @@ endpoint = "healthy"
             "slow",
             &format!("{p}.stalled"),
             true,
-            "confirm_timeout_ms = 3000"
+            &format!("confirm_timeout_ms = {STALL_TIMEOUT_MS}")
         ),
         stalled_backup = endpoint_toml(
             "stalled_backup",
@@ -398,7 +412,11 @@ endpoint = "healthy"
     );
     // Then the stalled branch times out and fails over; the messages commit.
     broker
-        .await_count(&format!("{p}.stalled.backup"), 100, DEFAULT_TIMEOUT)
+        .await_count(
+            &format!("{p}.stalled.backup"),
+            100,
+            DEFAULT_TIMEOUT + Duration::from_millis(STALL_TIMEOUT_MS),
+        )
         .await;
     broker
         .await_count(&format!("{p}.in"), 0, DEFAULT_TIMEOUT)

@@ -6,7 +6,9 @@ mod support;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldArray, FieldTable};
 use support::harness::{InProcess, base_toml, seed_toml};
-use support::{DEFAULT_TIMEOUT, Message, TestBroker, delete_all_with_prefix, unique_prefix};
+use support::{
+    BULK_TIMEOUT, DEFAULT_TIMEOUT, Message, TestBroker, delete_all_with_prefix, unique_prefix,
+};
 
 fn two_branch_toml(p: &str) -> String {
     seed_toml(p, &base_toml(p, "nack"))
@@ -161,10 +163,10 @@ async fn many_messages_arrive_once_and_in_order() {
         )
         .await;
     broker
-        .await_count(&format!("{p}.service"), n, DEFAULT_TIMEOUT)
+        .await_count(&format!("{p}.service"), n, BULK_TIMEOUT)
         .await;
     broker
-        .await_count(&format!("{p}.logging"), n, DEFAULT_TIMEOUT)
+        .await_count(&format!("{p}.logging"), n, BULK_TIMEOUT)
         .await;
     forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
     for queue in ["service", "logging"] {

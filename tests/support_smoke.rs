@@ -4,6 +4,7 @@ mod support;
 
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use lapin::options::BasicPublishOptions;
 use lapin::types::AMQPValue;
 use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties, ExchangeKind};
@@ -402,4 +403,197 @@ async fn close_connections_named_closes_only_the_named_connection() {
     bystander.await_count(&queue, 1, DEFAULT_TIMEOUT).await;
     bystander.cleanup(&[&queue], &[]).await;
     bystander.close().await;
+}
+
+/// A private node: its own broker for faults the shared one must not see.
+/// Publish and consume, a memory alarm that blocks a publishing connection
+/// (and only it) until cleared, a queue that refuses publishes without
+/// dropping what it holds, an app restart that keeps durable messages,
+/// closing a named connection, and a stop that leaves nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn private_node_alarms_refuses_restarts_and_stops() {
+    let started = tokio::time::Instant::now();
+    let node = PrivateNode::start().await;
+    println!(
+        "private node {} on {} started in {:?}",
+        node.node_name(),
+        node.amqp_addr(),
+        started.elapsed()
+    );
+    assert_ne!(node.amqp_addr(), amqp_addr());
+    let prefix = unique_prefix("node");
+    let queue = format!("{prefix}-q");
+    let persistent = || BasicProperties::default().with_delivery_mode(2);
+
+    let publisher = TestBroker::connect_to(&node.amqp_url(), &format!("{prefix}-pub")).await;
+    // Declares and reads only: never publishes, so the alarm never blocks it.
+    let reader = TestBroker::connect_to(&node.amqp_url(), &format!("{prefix}-reader")).await;
+    reader.declare_queue(&queue).await;
+    assert_eq!(
+        publisher.publish("", &queue, b"one", persistent()).await,
+        Confirmation::Ack(None)
+    );
+    reader.await_count(&queue, 1, DEFAULT_TIMEOUT).await;
+    let got: Vec<String> = reader
+        .get_all(&queue)
+        .await
+        .iter()
+        .map(Message::body_str)
+        .collect();
+    assert_eq!(got, ["one"]);
+    let shared = TestBroker::connect(&prefix).await;
+    assert!(
+        !shared.queue_exists(&queue).await,
+        "the private node is not the shared broker"
+    );
+    shared.close().await;
+
+    // The memory alarm: the publishing connection is blocked at its next
+    // publish, whose confirm waits until the alarm is cleared.
+    let mut events = publisher.connection().events_listener();
+    node.set_memory_alarm(true).await;
+    assert!(node.memory_alarm().await);
+    let held = publisher
+        .channel()
+        .basic_publish(
+            "".into(),
+            queue.as_str().into(),
+            BasicPublishOptions::default(),
+            b"held",
+            persistent(),
+        )
+        .await
+        .expect("a publish is accepted locally while blocked");
+    let blocked = tokio::time::timeout(DEFAULT_TIMEOUT, async {
+        while let Some(event) = events.next().await {
+            if let lapin::Event::ConnectionBlocked(reason) = event {
+                return reason;
+            }
+        }
+        panic!("the event stream ended before connection.blocked");
+    })
+    .await
+    .expect("connection.blocked within the timeout");
+    println!("blocked: {blocked}");
+    assert!(publisher.connection().status().blocked());
+    assert_eq!(
+        reader.queue_len(&queue).await,
+        0,
+        "the broker holds it back"
+    );
+
+    node.set_memory_alarm(false).await;
+    tokio::time::timeout(DEFAULT_TIMEOUT, async {
+        while let Some(event) = events.next().await {
+            if matches!(event, lapin::Event::ConnectionUnblocked) {
+                return;
+            }
+        }
+        panic!("the event stream ended before connection.unblocked");
+    })
+    .await
+    .expect("connection.unblocked within the timeout");
+    assert!(!node.memory_alarm().await);
+    let confirmation = tokio::time::timeout(DEFAULT_TIMEOUT, held)
+        .await
+        .expect("the held publish is confirmed after the alarm")
+        .expect("confirm");
+    assert_eq!(confirmation, Confirmation::Ack(None));
+    reader.await_count(&queue, 1, DEFAULT_TIMEOUT).await;
+
+    // Refusal by policy: publishes are nacked, nothing already there is lost.
+    node.allow_refusal(&queue).await;
+    publisher
+        .publish_many("", &queue, ["two", "three"], persistent())
+        .await;
+    reader.await_count(&queue, 3, DEFAULT_TIMEOUT).await;
+    node.refuse_publishes(&queue, true).await;
+    wait_until("the queue refuses publishes", DEFAULT_TIMEOUT, || async {
+        publisher
+            .publish("", &queue, b"refused", persistent())
+            .await
+            .is_nack()
+    })
+    .await;
+    assert_eq!(reader.queue_len(&queue).await, 3, "nothing dropped");
+    node.refuse_publishes(&queue, false).await;
+    wait_until(
+        "the queue accepts publishes again",
+        DEFAULT_TIMEOUT,
+        || async {
+            publisher
+                .publish("", &queue, b"four", persistent())
+                .await
+                .is_ack()
+        },
+    )
+    .await;
+    let bodies: Vec<String> = reader
+        .get_all(&queue)
+        .await
+        .iter()
+        .map(Message::body_str)
+        .collect();
+    assert_eq!(&bodies[..4], ["held", "two", "three", "four"], "{bodies:?}");
+
+    // An app restart closes every connection; durable messages survive.
+    publisher
+        .publish("", &queue, b"durable", persistent())
+        .await;
+    node.restart_app().await;
+    wait_until("the clients see the restart", DEFAULT_TIMEOUT, || async {
+        !publisher.connection().status().connected() && !reader.connection().status().connected()
+    })
+    .await;
+    let again = TestBroker::connect_to(&node.amqp_url(), &format!("{prefix}-again")).await;
+    again.await_count(&queue, 1, DEFAULT_TIMEOUT).await;
+    let bodies: Vec<String> = again
+        .get_all(&queue)
+        .await
+        .iter()
+        .map(Message::body_str)
+        .collect();
+    assert_eq!(bodies, ["durable"]);
+
+    // Closing a named connection on the node.
+    let names: Vec<String> = node
+        .connections()
+        .await
+        .into_iter()
+        .filter_map(|c| c.name)
+        .collect();
+    assert!(names.contains(&format!("{prefix}-again")), "{names:?}");
+    assert_eq!(
+        node.close_connections_named(&format!("{prefix}-again"))
+            .await,
+        1
+    );
+    wait_until("the closed connection notices", DEFAULT_TIMEOUT, || async {
+        !again.connection().status().connected()
+    })
+    .await;
+
+    let url = node.amqp_url();
+    node.stop().await;
+    let after = Connection::connect(&url, ConnectionProperties::default()).await;
+    assert!(after.is_err(), "the stopped node still accepts connections");
+}
+
+#[tokio::test]
+async fn black_hole_accepts_and_never_answers() {
+    let hole = BlackHole::start().await;
+    let url = hole.amqp_url();
+    let connect = Connection::connect(
+        &url,
+        ConnectionProperties::default().with_connection_name("sy-black-hole".into()),
+    );
+    tokio::pin!(connect);
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), connect.as_mut())
+            .await
+            .is_err(),
+        "a connect to the black hole neither succeeds nor fails"
+    );
+    assert_eq!(hole.accepted(), 1);
+    drop(hole);
 }

@@ -1,0 +1,430 @@
+//! `PrivateNode`: a RabbitMQ node of the test's own, for faults that must
+//! never touch the shared broker (app restarts, memory alarms, policies).
+//!
+//! Each node has its own name, AMQP and distribution ports, configuration
+//! file (`listeners.tcp.local`, `loopback_users = none`), plugin file and
+//! data and log directories under a temporary base directory. It is stopped
+//! and its directory removed by [`PrivateNode::stop`] or on drop.
+
+use std::net::{SocketAddr, TcpListener as StdTcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use lapin::{Connection, ConnectionProperties};
+
+use super::rabbitmqctl::parse_connection_name;
+use super::{BrokerConnection, rabbitmqctl, wait_until};
+
+/// Bound on a node's boot (and on the app's start after `start_app`).
+pub const NODE_START_TIMEOUT: Duration = Duration::from_secs(90);
+/// The memory watermark that raises the alarm at once (a fraction of RAM far below use).
+const ALARM_WATERMARK: &str = "0.0001";
+/// RabbitMQ's default watermark, which clears the alarm.
+const DEFAULT_WATERMARK: &str = "0.4";
+
+/// A RabbitMQ node started for one test (or one test binary).
+pub struct PrivateNode {
+    name: String,
+    port: u16,
+    dist_port: u16,
+    base: PathBuf,
+    stopped: bool,
+}
+
+impl PrivateNode {
+    /// Starts a node on free ports and waits until it accepts AMQP connections.
+    pub async fn start() -> PrivateNode {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let name = format!("sy-{}@localhost", &id[..8]);
+        let base = std::env::temp_dir().join(format!("sy-node-{}", &id[..8]));
+        let (port, dist_port) = free_ports();
+        let node = PrivateNode {
+            name,
+            port,
+            dist_port,
+            base,
+            stopped: false,
+        };
+        node.write_files();
+        node.launch();
+        node.await_boot().await;
+        node
+    }
+
+    /// `amqp://guest:guest@127.0.0.1:<port>/%2f`.
+    pub fn amqp_url(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
+    }
+
+    /// The node's AMQP listener.
+    pub fn amqp_addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// The Erlang node name (`sy-<hex>@localhost`), as `rabbitmqctl -n` takes it.
+    pub fn node_name(&self) -> &str {
+        &self.name
+    }
+
+    /// Runs `rabbitmqctl -n <this node> <args>`; returns stdout, panics on failure.
+    pub async fn rabbitmqctl(&self, args: &[&str]) -> String {
+        let mut full = vec!["-n", self.name.as_str()];
+        full.extend_from_slice(args);
+        rabbitmqctl(&full).await
+    }
+
+    /// Stops the RabbitMQ application (the Erlang node stays up): every
+    /// client connection is closed and the AMQP port stops listening.
+    pub async fn stop_app(&self) {
+        self.rabbitmqctl(&["stop_app"]).await;
+    }
+
+    /// Starts the application again and waits until it accepts AMQP connections.
+    pub async fn start_app(&self) {
+        self.rabbitmqctl(&["start_app"]).await;
+        self.await_amqp().await;
+    }
+
+    /// `stop_app` then `start_app`: a broker restart as clients see it.
+    pub async fn restart_app(&self) {
+        self.stop_app().await;
+        self.start_app().await;
+    }
+
+    /// Raises (`true`) or clears (`false`) the memory alarm by moving the
+    /// high watermark far below, or back to, the node's memory use. While it
+    /// is raised the node blocks every connection that publishes.
+    pub async fn set_memory_alarm(&self, on: bool) {
+        let watermark = if on {
+            ALARM_WATERMARK
+        } else {
+            DEFAULT_WATERMARK
+        };
+        self.rabbitmqctl(&["set_vm_memory_high_watermark", watermark])
+            .await;
+    }
+
+    /// Whether a memory alarm is in force (`rabbitmqctl eval` of the alarm list).
+    pub async fn memory_alarm(&self) -> bool {
+        let out = self
+            .rabbitmqctl(&["eval", "rabbit_alarm:get_alarms()."])
+            .await;
+        out.contains("memory")
+    }
+
+    /// Sets policy `name` on queues matching `pattern` with the JSON `definition`.
+    pub async fn set_policy(&self, name: &str, pattern: &str, definition: &str, priority: u32) {
+        let priority = priority.to_string();
+        self.rabbitmqctl(&[
+            "set_policy",
+            "--apply-to",
+            "queues",
+            "--priority",
+            &priority,
+            name,
+            pattern,
+            definition,
+        ])
+        .await;
+    }
+
+    /// Removes policy `name`.
+    pub async fn clear_policy(&self, name: &str) {
+        self.rabbitmqctl(&["clear_policy", name]).await;
+    }
+
+    /// Prepares `queue` (existing or not) for [`Self::refuse_publishes`]: a
+    /// standing policy gives it `overflow = reject-publish`. A max-length
+    /// policy applied to a queue still in the default `drop-head` mode drops
+    /// what the queue holds beyond the limit; one applied while the queue is
+    /// already in `reject-publish` mode only refuses new publishes.
+    pub async fn allow_refusal(&self, queue: &str) {
+        let pattern = format!("^{}$", regex::escape(queue));
+        self.set_policy(
+            &format!("{queue}-overflow"),
+            &pattern,
+            r#"{"overflow":"reject-publish"}"#,
+            1,
+        )
+        .await;
+    }
+
+    /// While `on`, `queue` nacks every publish (max-length 0 with
+    /// reject-publish) and keeps what it holds; `off` restores it. Call
+    /// [`Self::allow_refusal`] first.
+    pub async fn refuse_publishes(&self, queue: &str, on: bool) {
+        let name = format!("{queue}-refuse");
+        if on {
+            let pattern = format!("^{}$", regex::escape(queue));
+            self.set_policy(
+                &name,
+                &pattern,
+                r#"{"max-length":0,"overflow":"reject-publish"}"#,
+                2,
+            )
+            .await;
+        } else {
+            self.clear_policy(&name).await;
+        }
+    }
+
+    /// `(messages_ready, messages_unacknowledged)` of `queue`; `None` if it is missing.
+    pub async fn ready_unacked(&self, queue: &str) -> Option<(u64, u64)> {
+        let out = self
+            .rabbitmqctl(&[
+                "list_queues",
+                "--silent",
+                "name",
+                "messages_ready",
+                "messages_unacknowledged",
+            ])
+            .await;
+        out.lines().find_map(|line| {
+            let mut fields = line.split('\t').map(str::trim);
+            if fields.next()? != queue {
+                return None;
+            }
+            let ready = fields.next()?.parse().ok()?;
+            let unacked = fields.next()?.parse().ok()?;
+            Some((ready, unacked))
+        })
+    }
+
+    /// Every client connection on this node with its client-provided name.
+    pub async fn connections(&self) -> Vec<BrokerConnection> {
+        let out = self
+            .rabbitmqctl(&["list_connections", "--silent", "pid", "client_properties"])
+            .await;
+        out.lines()
+            .filter_map(|line| {
+                let (pid, props) = line.split_once('\t')?;
+                let pid = pid.trim();
+                pid.starts_with('<').then(|| BrokerConnection {
+                    pid: pid.to_string(),
+                    name: parse_connection_name(props),
+                })
+            })
+            .collect()
+    }
+
+    /// Closes every connection on this node whose name contains `fragment`; returns how many.
+    pub async fn close_connections_named(&self, fragment: &str) -> usize {
+        let mut closed = 0;
+        for conn in self.connections().await {
+            if conn.name.as_deref().is_some_and(|n| n.contains(fragment)) {
+                // The connection may have gone by itself since the listing.
+                let mut args = vec!["-n", self.name.as_str()];
+                args.extend(["close_connection", conn.pid.as_str(), "test fault"]);
+                if run_ctl(&args).await.is_ok() {
+                    closed += 1;
+                }
+            }
+        }
+        closed
+    }
+
+    /// The last `lines` lines of the node's log, for failure messages.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let log = std::fs::read_to_string(self.base.join("log").join(format!("{}.log", self.name)))
+            .unwrap_or_default();
+        let all: Vec<&str> = log.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// Stops the node and removes its directory.
+    pub async fn stop(mut self) {
+        let name = self.name.clone();
+        let pid_file = self.pid_file();
+        let base = self.base.clone();
+        self.stopped = true;
+        tokio::task::spawn_blocking(move || shut_down(&name, &pid_file, &base))
+            .await
+            .expect("node shutdown task panicked");
+    }
+
+    fn pid_file(&self) -> PathBuf {
+        self.base.join("pid")
+    }
+
+    fn write_files(&self) {
+        for dir in ["mnesia", "log"] {
+            std::fs::create_dir_all(self.base.join(dir))
+                .unwrap_or_else(|e| panic!("create {}: {e}", self.base.display()));
+        }
+        std::fs::write(
+            self.base.join("rabbitmq.conf"),
+            format!(
+                "listeners.tcp.local = 127.0.0.1:{}\nloopback_users = none\n",
+                self.port
+            ),
+        )
+        .unwrap_or_else(|e| panic!("write rabbitmq.conf: {e}"));
+        std::fs::write(self.base.join("enabled_plugins"), "[].\n")
+            .unwrap_or_else(|e| panic!("write enabled_plugins: {e}"));
+        // rabbitmq-server started as root runs itself as the rabbitmq user,
+        // which must own everything it writes.
+        let status = Command::new("chown")
+            .args(["-R", "rabbitmq:"])
+            .arg(&self.base)
+            .status()
+            .unwrap_or_else(|e| panic!("chown: {e}"));
+        assert!(
+            status.success(),
+            "chown -R rabbitmq: {}",
+            self.base.display()
+        );
+    }
+
+    fn launch(&self) {
+        let base = &self.base;
+        let status = Command::new("rabbitmq-server")
+            .arg("-detached")
+            .env("RABBITMQ_NODENAME", &self.name)
+            .env("RABBITMQ_NODE_PORT", self.port.to_string())
+            .env("RABBITMQ_DIST_PORT", self.dist_port.to_string())
+            .env("RABBITMQ_MNESIA_BASE", base.join("mnesia"))
+            .env("RABBITMQ_LOG_BASE", base.join("log"))
+            .env("RABBITMQ_PID_FILE", self.pid_file())
+            .env(
+                "RABBITMQ_ENABLED_PLUGINS_FILE",
+                base.join("enabled_plugins"),
+            )
+            .env("RABBITMQ_CONFIG_FILE", base.join("rabbitmq.conf"))
+            .env("ERL_CRASH_DUMP", base.join("erl_crash.dump"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run rabbitmq-server: {e}"));
+        assert!(status.success(), "rabbitmq-server -detached: {status}");
+    }
+
+    /// Waits for the Erlang node (its distribution port), then for the app
+    /// (`await_startup`), then for the AMQP listener.
+    async fn await_boot(&self) {
+        let dist = SocketAddr::from(([127, 0, 0, 1], self.dist_port));
+        let pid_file = self.pid_file();
+        let what = format!("node {} listens on {dist}", self.name);
+        let deadline = tokio::time::Instant::now() + NODE_START_TIMEOUT;
+        loop {
+            if tokio::net::TcpStream::connect(dist).await.is_ok() {
+                break;
+            }
+            if let Some(pid) = read_pid(&pid_file)
+                && !Path::new(&format!("/proc/{pid}")).exists()
+            {
+                panic!(
+                    "node {} (pid {pid}) died while booting; log:\n{}",
+                    self.name,
+                    self.log_tail(40)
+                );
+            }
+            if tokio::time::Instant::now() >= deadline {
+                panic!(
+                    "timed out after {NODE_START_TIMEOUT:?} waiting until {what}; log:\n{}",
+                    self.log_tail(40)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let timeout = NODE_START_TIMEOUT.as_secs().to_string();
+        self.rabbitmqctl(&["await_startup", "--timeout", &timeout])
+            .await;
+        self.await_amqp().await;
+    }
+
+    /// Waits until an AMQP connection can be opened (and closes it).
+    async fn await_amqp(&self) {
+        let url = self.amqp_url();
+        wait_until(
+            &format!("node {} accepts AMQP connections", self.name),
+            NODE_START_TIMEOUT,
+            || {
+                let url = url.clone();
+                async move {
+                    let attempt = tokio::time::timeout(
+                        Duration::from_secs(5),
+                        Connection::connect(
+                            &url,
+                            ConnectionProperties::default()
+                                .with_connection_name("sy-node-probe".into()),
+                        ),
+                    )
+                    .await;
+                    match attempt {
+                        Ok(Ok(conn)) => {
+                            let _ = conn.close(200, "OK".into()).await;
+                            true
+                        }
+                        _ => false,
+                    }
+                }
+            },
+        )
+        .await;
+    }
+}
+
+impl Drop for PrivateNode {
+    fn drop(&mut self) {
+        if !self.stopped {
+            self.stopped = true;
+            shut_down(&self.name, &self.pid_file(), &self.base);
+        }
+    }
+}
+
+/// `rabbitmqctl -n NODE stop PIDFILE` (SIGKILL if that fails), then removes `base`.
+fn shut_down(name: &str, pid_file: &Path, base: &Path) {
+    let stopped = Command::new("rabbitmqctl")
+        .args(["-n", name, "stop"])
+        .arg(pid_file)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !stopped && let Some(pid) = read_pid(pid_file) {
+        let _ = Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+    }
+    let _ = std::fs::remove_dir_all(base);
+}
+
+fn read_pid(pid_file: &Path) -> Option<u32> {
+    std::fs::read_to_string(pid_file).ok()?.trim().parse().ok()
+}
+
+/// `rabbitmqctl <args>` returning its failure instead of panicking.
+async fn run_ctl(args: &[&str]) -> Result<String, String> {
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        let out = Command::new("rabbitmqctl")
+            .args(&args)
+            .output()
+            .map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    })
+    .await
+    .expect("rabbitmqctl task panicked")
+}
+
+/// Two distinct free ports for the AMQP listener and Erlang distribution,
+/// drawn from 20000-32767: below Linux's ephemeral range, so an outgoing
+/// connection cannot take one between this check and the node's bind.
+fn free_ports() -> (u16, u16) {
+    let pick = |avoid: u16| loop {
+        let port = fastrand::u16(20000..32768);
+        if port != avoid && port != 25672 && StdTcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    };
+    let amqp = pick(0);
+    (amqp, pick(amqp))
+}
