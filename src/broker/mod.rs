@@ -28,7 +28,9 @@ pub use error::{BrokerError, Fault, Level, code};
 pub use health::{Down, EndpointHealth};
 pub use inbound::{ConsumeError, InboundChannel, Receipt, open_inbound};
 pub use publisher::{Mode, PublishFailure, Publisher};
-pub use topology::{PROBE_HEADER, TopologyError, declare_endpoint_queue, prepare_inbound};
+pub use topology::{
+    PROBE_HEADER, TopologyError, declare_endpoint_queue, prepare_inbound, redeclare_inbound,
+};
 
 /// AMQP message properties, headers included.
 pub type Properties = lapin::BasicProperties;

@@ -18,7 +18,7 @@
 //! Every operation runs on its own short-lived channel, because a refused
 //! declaration closes the channel it was made on.
 
-use super::connector::Connector;
+use super::connector::{Connector, within_unblocked};
 use super::{AmqpValue, FieldTable};
 use crate::config::{DeadLetterMode, Endpoint, QueueType, Settings};
 use lapin::options::{
@@ -101,6 +101,15 @@ pub async fn prepare_inbound(
         probe_dead_letter_route(connector, settings).await?;
     }
     Ok(())
+}
+
+/// Declares the inbound queue again (after it was deleted under a running
+/// consumer), with the same arguments and checks as at startup.
+pub async fn redeclare_inbound(
+    connector: &Connector,
+    settings: &Settings,
+) -> Result<(), TopologyError> {
+    ensure_queue(connector, &inbound_spec(settings)).await
 }
 
 /// Header that marks the dead-letter route probe.
@@ -706,7 +715,10 @@ where
         .channel(confirm, OP_TIMEOUT)
         .await
         .map_err(|e| Op::Unreachable(e.to_string()))?;
-    let result = tokio::time::timeout(OP_TIMEOUT, op(channel.clone())).await;
+    // A probe publish waits out a resource alarm rather than timing out.
+    let result = within_unblocked(op(channel.clone()), OP_TIMEOUT, connector.blocking())
+        .await
+        .ok_or(());
     if channel.status().connected() {
         let _ = channel.close(200, "done".into()).await;
     }

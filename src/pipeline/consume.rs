@@ -15,7 +15,7 @@
 use super::Forwarder;
 use super::deliver;
 use super::outcome::Verdict;
-use crate::broker::{InboundChannel, Receipt, open_inbound, prepare_inbound};
+use crate::broker::{InboundChannel, Receipt, open_inbound, redeclare_inbound};
 use crate::envelope::Envelope;
 use crate::telemetry;
 use std::sync::Arc;
@@ -38,7 +38,7 @@ pub(super) async fn consume_until(
         if reopening && forwarder.settings.inbound.declare {
             // A deleted inbound queue comes back; anything else is logged by
             // the open below.
-            let _ = prepare_inbound(&forwarder.consume_connector, &forwarder.settings).await;
+            let _ = redeclare_inbound(forwarder.topology_connector(), &forwarder.settings).await;
         }
         reopening = true;
         let mut inbound =

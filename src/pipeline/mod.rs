@@ -136,6 +136,13 @@ impl Forwarder {
         }
     }
 
+    /// The connection declarations and the dead-letter probe use: the
+    /// inbound broker's publishing one, so the consuming connection never
+    /// publishes and a resource alarm can never block its acks.
+    fn topology_connector(&self) -> &Connector {
+        &self.publish_connectors[&self.settings.inbound.broker]
+    }
+
     /// Returns once no publishing broker blocks publishers and no branch
     /// waits out an outage.
     async fn wait_until_publishing(&self) {
@@ -185,7 +192,7 @@ impl Forwarder {
     async fn prepare(&self, shutdown: &CancellationToken) -> Result<(), RunError> {
         let mut delay = Duration::from_millis(200);
         loop {
-            match prepare_inbound(&self.consume_connector, &self.settings).await {
+            match prepare_inbound(self.topology_connector(), &self.settings).await {
                 Ok(()) => break,
                 Err(TopologyError::Refused(why)) => return Err(RunError::Topology(why)),
                 Err(TopologyError::Unreachable(why)) => {

@@ -186,6 +186,17 @@ impl Process {
         Self { child, log_path }
     }
 
+    /// The process's resident memory in KiB, from `/proc`.
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    }
+
     /// Sends `signal` (e.g. "KILL", "TERM") to the process.
     pub fn signal(&self, signal: &str) {
         let status = Command::new("kill")
