@@ -7,30 +7,15 @@ mod support;
 use lapin::BasicProperties;
 use std::collections::BTreeSet;
 use std::time::Duration;
-use support::harness::{InProcess, base_toml, endpoint_toml};
+use support::harness::{InProcess, base_toml, endpoint_toml, one_branch_toml};
 use support::{
     BlackHole, DEFAULT_TIMEOUT, FaultProxy, Message, TestBroker, amqp_addr,
     close_connections_named, delete_all_with_prefix, unique_prefix, wait_until,
 };
 
-/// One branch "service": `primary` then `backup`.
+/// One branch "service": `primary` then `backup`, dead letters nacked.
 fn one_branch(p: &str, brokers: &str, primary: &str, backup: &str) -> String {
-    format!(
-        r#"{base}{brokers}{primary}{backup}
-[backup_lists]
-backups = ["backup"]
-
-[filters.all]
-type = "match_all"
-
-[[filter_table]]
-name = "service"
-filter = "all"
-endpoint = "primary"
-backup_list = "backups"
-"#,
-        base = base_toml(p, "nack"),
-    )
+    one_branch_toml(p, "nack", brokers, primary, backup)
 }
 
 /// Bodies sorted: a failover may reorder messages (only sessions keep order

@@ -9,32 +9,12 @@ mod support;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable};
 use std::collections::BTreeMap;
-use support::harness::{InProcess, base_toml, endpoint_toml};
+use support::harness::{InProcess, endpoint_toml, one_branch_toml as one_branch};
 use support::{
     DEFAULT_TIMEOUT, FaultProxy, Message, TestBroker, amqp_addr, amqp_str, amqp_url,
     close_connections_named, delete_all_with_prefix, rabbitmqctl, ready_unacked, unique_prefix,
     wait_until,
 };
-
-/// One branch "service": `primary` then `backup`, dead letters in `mode`.
-fn one_branch(p: &str, mode: &str, brokers: &str, primary: &str, backup: &str) -> String {
-    format!(
-        r#"{base}{brokers}{primary}{backup}
-[backup_lists]
-backups = ["backup"]
-
-[filters.all]
-type = "match_all"
-
-[[filter_table]]
-name = "service"
-filter = "all"
-endpoint = "primary"
-backup_list = "backups"
-"#,
-        base = base_toml(p, mode),
-    )
-}
 
 fn on_main(p: &str, mode: &str) -> String {
     one_branch(

@@ -82,6 +82,28 @@ backup_list = "logging_backups"
     )
 }
 
+/// One branch "service" over every message: endpoint `primary`, then the
+/// backup list `["backup"]`; `brokers` adds `[brokers.X]` tables, and
+/// `primary` and `backup` are [`endpoint_toml`]s.
+pub fn one_branch_toml(p: &str, mode: &str, brokers: &str, primary: &str, backup: &str) -> String {
+    format!(
+        r#"{base}{brokers}{primary}{backup}
+[backup_lists]
+backups = ["backup"]
+
+[filters.all]
+type = "match_all"
+
+[[filter_table]]
+name = "service"
+filter = "all"
+endpoint = "primary"
+backup_list = "backups"
+"#,
+        base = base_toml(p, mode),
+    )
+}
+
 /// An endpoint on broker `broker` publishing to queue `queue` through the
 /// default exchange, declaring it unless `declare` is false.
 pub fn endpoint_toml(name: &str, broker: &str, queue: &str, declare: bool, extra: &str) -> String {
