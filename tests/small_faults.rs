@@ -1,0 +1,218 @@
+//! Small faults against the real broker: the inbound queue deleted under a
+//! running forwarder comes back with its dead-letter arguments; SIGHUP never
+//! kills the real binary; a broker that refuses the credentials or the
+//! vhost is named as such in the log.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use lapin::BasicProperties;
+use support::harness::{
+    InProcess, Process, base_toml, consumer_count, endpoint_toml, seed_toml, wait_consumers,
+};
+use support::{
+    DEFAULT_TIMEOUT, Message, TestBroker, amqp_addr, amqp_str, amqp_url, delete_all_with_prefix,
+    field_table, rabbitmqctl, ready_unacked, unique_prefix, wait_until,
+};
+
+/// How many times each body occurs.
+fn tally(messages: &[Message]) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for m in messages {
+        *counts.entry(m.body_str()).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// The queue's arguments as `rabbitmqctl list_queues` prints them.
+async fn queue_arguments(queue: &str) -> Option<String> {
+    let out = rabbitmqctl(&["list_queues", "--silent", "name", "arguments"]).await;
+    out.lines().find_map(|line| {
+        let (name, args) = line.split_once('\t')?;
+        (name.trim() == queue).then(|| args.trim().to_owned())
+    })
+}
+
+/// With `inbound.declare = true`, deleting the inbound queue under the
+/// running forwarder costs one consumer: it declares the queue again, with
+/// its dead-letter arguments (a message no filter matches is nacked into
+/// the DLQ through them), and consumes again.
+#[tokio::test]
+async fn a_deleted_inbound_queue_is_declared_again_and_consumed() {
+    let p = unique_prefix("inbound-deleted");
+    let broker = TestBroker::connect(&p).await;
+    let (inbound, out, dlq) = (format!("{p}.in"), format!("{p}.out"), format!("{p}.dlq"));
+    let toml = format!(
+        r#"{top}{endpoint}
+[filters.orphan]
+type = "header"
+header = "kind"
+equals = "orphan"
+
+[filters.routed]
+type = "not"
+filter = "orphan"
+
+[[filter_table]]
+name = "out"
+filter = "routed"
+endpoint = "out"
+"#,
+        top = base_toml(&p, "nack"),
+        endpoint = endpoint_toml("out", "main", &out, true, ""),
+    );
+    let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
+    let dead_letter_args = [
+        format!("{{\"x-dead-letter-exchange\",\"{p}.dlx\"}}"),
+        format!("{{\"x-dead-letter-routing-key\",\"{p}.dlq\"}}"),
+    ];
+    let before: Vec<String> = (0..10).map(|i| format!("before-{i}")).collect();
+    broker
+        .publish_many("", &inbound, before.iter(), BasicProperties::default())
+        .await;
+    broker.await_count(&out, 10, DEFAULT_TIMEOUT).await;
+    wait_until("the first ten are acked", DEFAULT_TIMEOUT, || async {
+        ready_unacked(&inbound).await == Some((0, 0))
+    })
+    .await;
+
+    assert_eq!(broker.delete_queue(&inbound).await, 0);
+    // Declared again (the delete cancelled the consumer) and consumed.
+    wait_consumers(&broker, &inbound, 1).await;
+    let args = queue_arguments(&inbound)
+        .await
+        .unwrap_or_else(|| panic!("{inbound} is back"));
+    for arg in &dead_letter_args {
+        assert!(args.contains(arg.as_str()), "{arg} in {args}");
+    }
+
+    let after: Vec<String> = (0..10).map(|i| format!("after-{i}")).collect();
+    broker
+        .publish_many("", &inbound, after.iter(), BasicProperties::default())
+        .await;
+    let orphan =
+        BasicProperties::default().with_headers(field_table([("kind", amqp_str("orphan"))]));
+    broker.publish("", &inbound, b"orphan", orphan).await;
+    broker.await_count(&out, 20, DEFAULT_TIMEOUT).await;
+    broker.await_count(&dlq, 1, DEFAULT_TIMEOUT).await;
+    forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
+
+    let expected: BTreeMap<String, usize> = before
+        .iter()
+        .chain(&after)
+        .map(|b| (b.clone(), 1))
+        .collect();
+    assert_eq!(
+        tally(&broker.get_all(&out).await),
+        expected,
+        "every message forwarded once"
+    );
+    let dead = broker.get_all(&dlq).await;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].body, b"orphan");
+    assert!(
+        dead[0].header("x-death").is_some(),
+        "nacked through the re-declared queue's dead-letter exchange"
+    );
+    assert_eq!(broker.queue_len(&inbound).await, 0);
+    delete_all_with_prefix(&p).await;
+}
+
+/// SIGHUP, three times, to the real binary: it logs that reload is not
+/// supported, keeps consuming and forwarding, and still exits 0 on SIGTERM.
+#[tokio::test]
+async fn sighup_never_kills_the_forwarder() {
+    let p = unique_prefix("sighup");
+    let broker = TestBroker::connect(&p).await;
+    let inbound = format!("{p}.in");
+    let mut process = Process::spawn(&p, &seed_toml(&p, &base_toml(&p, "nack")));
+    wait_consumers(&broker, &inbound, 1).await;
+    const NOTICE: &str = "live reload is not supported";
+    for sent in 1..=3 {
+        process.signal("HUP");
+        wait_until(
+            &format!("{sent} reload notice(s) in the log"),
+            DEFAULT_TIMEOUT,
+            || async { process.log().matches(NOTICE).count() == sent },
+        )
+        .await;
+    }
+    assert_eq!(consumer_count(&broker, &inbound).await, Some(1));
+    broker
+        .publish("", &inbound, b"after-hup", BasicProperties::default())
+        .await;
+    broker
+        .await_count(&format!("{p}.service"), 1, DEFAULT_TIMEOUT)
+        .await;
+    broker
+        .await_count(&format!("{p}.logging"), 1, DEFAULT_TIMEOUT)
+        .await;
+    process.signal("TERM");
+    let code = process.wait_exit(DEFAULT_TIMEOUT).await;
+    assert_eq!(code, Some(0), "log:\n{}", process.log());
+    for queue in ["service", "logging"] {
+        let got = broker.get_all(&format!("{p}.{queue}")).await;
+        assert_eq!(
+            got.iter().map(Message::body_str).collect::<Vec<_>>(),
+            ["after-hup"]
+        );
+    }
+    assert_eq!(broker.queue_len(&inbound).await, 0);
+    delete_all_with_prefix(&p).await;
+}
+
+/// Runs the real binary with `uri` as broker "main" until its log names
+/// `cause`, then stops it with SIGTERM; returns the log.
+async fn refused_run(p: &str, uri: &str, cause: &str) -> String {
+    let toml = seed_toml(p, &base_toml(p, "nack")).replace(&amqp_url(), uri);
+    assert!(toml.contains(uri));
+    let mut process = Process::spawn(p, &toml);
+    wait_until(
+        &format!("the log names the refusal: {cause}"),
+        DEFAULT_TIMEOUT,
+        || async { process.log().contains(cause) },
+    )
+    .await;
+    process.signal("TERM");
+    let code = process.wait_exit(Duration::from_secs(10)).await;
+    let log = process.log();
+    assert_eq!(code, Some(0), "log:\n{log}");
+    log
+}
+
+/// A wrong password is an authentication refusal, named as such (and the
+/// password is never logged).
+#[tokio::test]
+async fn a_wrong_password_is_named_in_the_log() {
+    let p = unique_prefix("refused-password");
+    let password = format!("not-the-password-{}", &p[p.len() - 8..]);
+    let uri = format!("amqp://guest:{password}@{}/%2f", amqp_addr());
+    let log = refused_run(&p, &uri, "authentication refused by broker main").await;
+    assert!(!log.contains(&password), "the password is never logged");
+    assert!(support::rabbitmq_queues_with_prefix(&p).await.is_empty());
+}
+
+/// A vhost that does not exist is a vhost refusal, named as such.
+#[tokio::test]
+async fn a_missing_vhost_is_named_in_the_log() {
+    let p = unique_prefix("refused-vhost");
+    let uri = format!("amqp://guest:guest@{}/{p}-missing", amqp_addr());
+    refused_run(&p, &uri, "vhost refused by broker main").await;
+}
+
+/// A vhost the user may not use (it exists, without permissions for the
+/// user) is a vhost refusal too, not an authentication one.
+#[tokio::test]
+async fn a_vhost_without_permissions_is_named_in_the_log() {
+    let p = unique_prefix("refused-access");
+    rabbitmqctl(&["add_vhost", &p]).await;
+    let uri = format!("amqp://guest:guest@{}/{p}", amqp_addr());
+    let log = refused_run(&p, &uri, "vhost refused by broker main").await;
+    rabbitmqctl(&["delete_vhost", &p]).await;
+    assert!(
+        !log.contains("authentication refused"),
+        "the credentials are right:\n{log}"
+    );
+}
