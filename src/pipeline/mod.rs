@@ -160,7 +160,9 @@ impl Forwarder {
     /// Runs until `shutdown` is cancelled, then drains and closes.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), RunError> {
         self.prepare(&shutdown).await?;
-        crate::telemetry::config_loaded(1, self.settings.routing.branch_names().count());
+        if !shutdown.is_cancelled() {
+            crate::telemetry::config_loaded(1, self.settings.routing.branch_names().count());
+        }
         let tracker = TaskTracker::new();
         let inbound = consume::consume_until(&self, &shutdown, &tracker).await;
         tracker.close();
