@@ -597,3 +597,84 @@ async fn black_hole_accepts_and_never_answers() {
     assert_eq!(hole.accepted(), 1);
     drop(hole);
 }
+
+/// The raw client publishes what a client library may not survive (a header
+/// table 3,000 levels deep, a content header a few bytes under frame_max)
+/// with a confirm, and reads it back byte for byte without decoding it.
+#[tokio::test]
+async fn raw_client_publishes_and_drains_poison_intact() {
+    use support::raw::{RawClient, RawConfirm, RawProperties, encode};
+    let prefix = unique_prefix("raw");
+    let broker = TestBroker::connect(&prefix).await;
+    let queue = format!("{prefix}-q");
+    broker.declare_queue(&queue).await;
+    // An ordinary message from the library, read back by the raw client.
+    broker
+        .publish(
+            "",
+            &queue,
+            b"plain",
+            BasicProperties::default()
+                .with_message_id("m-plain".into())
+                .with_delivery_mode(2)
+                .with_headers(field_table([("x-origin", amqp_str("smoke"))])),
+        )
+        .await;
+
+    let mut raw = RawClient::connect(amqp_addr(), &amqp_vhost())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    raw.confirm_select().await.unwrap_or_else(|e| panic!("{e}"));
+    let deep_value = encode::nested_table_value("d", 3000);
+    let deep = RawProperties {
+        message_id: Some("m-deep".into()),
+        delivery_mode: Some(2),
+        headers: vec![("deep".into(), deep_value.clone())],
+    };
+    let mut big = RawProperties {
+        message_id: Some("m-big".into()),
+        delivery_mode: Some(2),
+        headers: vec![("filler".into(), encode::long_string(b""))],
+    };
+    let target = raw.frame_max() as usize - 16;
+    let filler = target - RawClient::header_frame_size(&big);
+    let filler_value = encode::long_string(&vec![b'f'; filler]);
+    big.headers = vec![("filler".into(), filler_value.clone())];
+    assert_eq!(RawClient::header_frame_size(&big), target);
+    for (props, body) in [(&deep, &b"deep body"[..]), (&big, &b"big body"[..])] {
+        let confirm = raw
+            .publish("", &queue, props, body)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(confirm, RawConfirm::Ack);
+    }
+    let unroutable = raw
+        .publish("", &format!("{prefix}-missing"), &deep, b"x")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        matches!(unroutable, RawConfirm::Returned(312, _)),
+        "{unroutable:?}"
+    );
+
+    broker.await_count(&queue, 3, DEFAULT_TIMEOUT).await;
+    let got = raw.drain(&queue).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(got.len(), 3);
+    assert_eq!(got[0].message_id.as_deref(), Some("m-plain"));
+    assert_eq!(got[0].body, b"plain");
+    assert_eq!(got[0].delivery_mode, Some(2));
+    assert_eq!(
+        got[0].header_value("x-origin"),
+        Some(encode::long_string(b"smoke"))
+    );
+    assert_eq!(got[1].message_id.as_deref(), Some("m-deep"));
+    assert_eq!(got[1].header_value("deep"), Some(deep_value));
+    assert_eq!(got[1].body, b"deep body");
+    assert_eq!(got[2].message_id.as_deref(), Some("m-big"));
+    assert_eq!(got[2].header_value("filler"), Some(filler_value));
+    assert_eq!(got[2].body, b"big body");
+    assert_eq!(broker.queue_len(&queue).await, 0, "drained");
+    raw.close().await;
+    broker.cleanup(&[&queue], &[]).await;
+    broker.close().await;
+}

@@ -24,6 +24,23 @@ pub fn top_toml(
     shutdown_timeout_ms: u64,
     prefetch: u32,
 ) -> String {
+    top_toml_at(
+        &amqp_url(),
+        prefix,
+        dead_letter_mode,
+        shutdown_timeout_ms,
+        prefetch,
+    )
+}
+
+/// [`top_toml`] with broker "main" at `url` (a private node, say).
+pub fn top_toml_at(
+    url: &str,
+    prefix: &str,
+    dead_letter_mode: &str,
+    shutdown_timeout_ms: u64,
+    prefetch: u32,
+) -> String {
     format!(
         r#"
 name = "{prefix}"
@@ -42,8 +59,7 @@ queue = "{prefix}.dlq"
 
 [brokers.main]
 uri = "{url}"
-"#,
-        url = amqp_url()
+"#
     )
 }
 
@@ -247,6 +263,13 @@ impl Process {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// The process's exit status if it has exited, without waiting.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child
+            .try_wait()
+            .unwrap_or_else(|e| panic!("wait: {e}"))
     }
 
     /// The process's log so far.

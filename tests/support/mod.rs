@@ -1,8 +1,9 @@
 //! Shared support for switchyard's integration tests: a real-broker test
 //! client (`TestBroker`), polling helpers, `rabbitmqctl` wrappers, an
 //! in-process TCP fault-injection proxy (`FaultProxy`), a listener that
-//! never answers (`BlackHole`), and a private
-//! RabbitMQ node (`PrivateNode`) for faults the shared broker must not see.
+//! never answers (`BlackHole`), a private RabbitMQ node (`PrivateNode`) for
+//! faults the shared broker must not see, and a raw AMQP client (`raw`) for
+//! messages a client library cannot be trusted to decode.
 //!
 //! Every test names all of its queues, exchanges and connections with a
 //! `unique_prefix`, so tests can run in parallel and repeatedly against the
@@ -15,6 +16,7 @@ pub mod node;
 pub mod polling;
 pub mod proxy;
 pub mod rabbitmqctl;
+pub mod raw;
 
 // Each test binary uses a different part of the kit.
 #[allow(unused_imports)]

@@ -129,9 +129,14 @@ impl PrivateNode {
         .await;
     }
 
-    /// Removes policy `name`.
+    /// Removes policy `name`; one that does not exist is not an error.
     pub async fn clear_policy(&self, name: &str) {
-        self.rabbitmqctl(&["clear_policy", name]).await;
+        let args = ["-n", self.name.as_str(), "clear_policy", name];
+        if let Err(e) = run_ctl(&args).await
+            && !e.contains("does not exist")
+        {
+            panic!("rabbitmqctl {args:?} failed: {e}");
+        }
     }
 
     /// Prepares `queue` (existing or not) for [`Self::refuse_publishes`]: a
@@ -204,6 +209,22 @@ impl PrivateNode {
                     pid: pid.to_string(),
                     name: parse_connection_name(props),
                 })
+            })
+            .collect()
+    }
+
+    /// Client-provided names of the connections the node has blocked (or
+    /// will block at their next publish) under a resource alarm.
+    pub async fn blocked_connections(&self) -> Vec<String> {
+        let out = self
+            .rabbitmqctl(&["list_connections", "--silent", "state", "client_properties"])
+            .await;
+        out.lines()
+            .filter_map(|line| {
+                let (state, props) = line.split_once('\t')?;
+                matches!(state.trim(), "blocked" | "blocking")
+                    .then(|| parse_connection_name(props))
+                    .flatten()
             })
             .collect()
     }

@@ -1,0 +1,1120 @@
+//! The acceptance test of fault handling: 20,000 messages through the seed
+//! scenario (branches service and logging, each with one backup) with the
+//! real binary on a private node, while at random moments (a seeded RNG)
+//! the forwarder is SIGKILLed and restarted, its connections are closed, the
+//! primary service queue refuses publishes for a while, the broker app
+//! restarts, a memory alarm blocks publishers for longer than a confirm
+//! timeout, and poison messages ride along (a header table 3,000 levels
+//! deep, a content header a few bytes under frame_max). At the end every
+//! message is in a service queue and in a logging queue, none lost, none
+//! dead-lettered, duplicates counted; each poison message is dead-lettered
+//! or forwarded intact. A one-screen report is printed, and is the failure
+//! message.
+//!
+//! How the faults are made:
+//! - The publisher is the test's own connection; only confirmed publishes
+//!   count as sent, and what is not confirmed (a restart, an alarm that
+//!   outlasts the wait) is published again: duplicates, never gaps.
+//! - The refusal is a policy `max-length = 0, overflow = reject-publish` on
+//!   the primary service queue, which nacks every publish and keeps what
+//!   the queue holds: a standing policy puts the queue in reject-publish
+//!   mode from the start, because applying a max-length to a queue still in
+//!   the default drop-head mode would drop its head, a loss the test itself
+//!   would cause.
+//! - A broker-side fault (close, restart, alarm) takes a second or more to
+//!   apply through `rabbitmqctl`, longer than the forwarder needs for a
+//!   burst, so the forwarder is paused (SIGSTOP) until a backlog waits,
+//!   the fault is applied and the forwarder resumed (SIGCONT): the fault
+//!   lands on a full prefetch window.
+//! - Poison messages are published and read back with the raw AMQP client
+//!   (a client library may overflow its stack decoding the deep table);
+//!   their ids start with `poison-` and they carry `chaos-poison = true`.
+//! - The forwarder is restarted when it exits on its own (counted as a
+//!   failure), up to five times.
+//!
+//! `CHAOS_SEED` replays a run (the seed is printed), `CHAOS_MESSAGES`
+//! shrinks it, `CHAOS_FAULTS` (comma list of kill, close, refuse, restart,
+//! alarm, poison; default all; `none` for none) picks the faults.
+
+mod support;
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+use support::harness::{Process, seed_toml, top_toml_at};
+use support::raw::{RawClient, RawConfirm, RawMessage, RawProperties, encode};
+use support::{PrivateNode, unique_prefix};
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+
+/// The whole test fails, with its report, past this.
+const BOUND: Duration = Duration::from_secs(360);
+const DEFAULT_MESSAGES: usize = 20_000;
+const FAULTS: [&str; 6] = ["kill", "close", "refuse", "restart", "alarm", "poison"];
+/// Top-level header that marks a poison message (its id starts with "poison-").
+const POISON_HEADER: &str = "chaos-poison";
+const DEEP_LEVELS: usize = 3000;
+/// How close (wire bytes) the big poison's content header comes to frame_max.
+const BIG_HEADER_MARGIN: usize = 24;
+/// Publishing is paced at about this many messages a second on average, so
+/// the faults fall while messages flow; it goes in bursts of `BURST`, each
+/// a backlog that fills the forwarder's prefetch window for a while.
+const PUBLISH_RATE: usize = 330;
+const BURST: usize = 1000;
+/// A kill or a refusal waits up to this long for a burst to be in
+/// progress, so that it hits transactions in flight.
+const TRAFFIC_WAIT: Duration = Duration::from_secs(4);
+/// A broker-side fault (close, restart, alarm) takes a second or two to
+/// apply, longer than the forwarder needs for a burst; the forwarder is
+/// paused (SIGSTOP) until this many messages wait, so the fault lands on a
+/// full window and a backlog.
+const BACKLOG: u32 = 1000;
+const BACKLOG_WAIT: Duration = Duration::from_secs(8);
+/// A publish (or its confirm) that takes longer is retried: an alarm lasts
+/// a few seconds and a blocked publish simply waits it out.
+const PUBLISH_WAIT: Duration = Duration::from_secs(60);
+/// Forwarder exits not caused by the test before it stops restarting it.
+const MAX_UNEXPECTED_EXITS: usize = 5;
+
+struct Settings {
+    seed: u64,
+    messages: usize,
+    faults: BTreeSet<String>,
+}
+
+impl Settings {
+    fn from_env() -> Settings {
+        let seed = std::env::var("CHAOS_SEED")
+            .ok()
+            .map(|s| {
+                s.trim()
+                    .parse()
+                    .unwrap_or_else(|e| panic!("CHAOS_SEED={s}: {e}"))
+            })
+            .unwrap_or_else(|| fastrand::u64(..));
+        let messages = std::env::var("CHAOS_MESSAGES")
+            .ok()
+            .map(|s| {
+                s.trim()
+                    .parse()
+                    .unwrap_or_else(|e| panic!("CHAOS_MESSAGES={s}: {e}"))
+            })
+            .unwrap_or(DEFAULT_MESSAGES);
+        let faults: BTreeSet<String> = match std::env::var("CHAOS_FAULTS") {
+            Ok(list) if list.trim() == "none" => BTreeSet::new(),
+            Ok(list) if !list.trim().is_empty() => list
+                .split(',')
+                .map(|f| f.trim().to_lowercase())
+                .filter(|f| !f.is_empty())
+                .inspect(|f| {
+                    assert!(
+                        FAULTS.contains(&f.as_str()),
+                        "CHAOS_FAULTS: unknown fault {f:?}; known: {FAULTS:?}"
+                    )
+                })
+                .collect(),
+            _ => FAULTS.iter().map(|f| f.to_string()).collect(),
+        };
+        Settings {
+            seed,
+            messages,
+            faults,
+        }
+    }
+
+    fn has(&self, fault: &str) -> bool {
+        self.faults.contains(fault)
+    }
+}
+
+/// One fault the scheduler injects.
+#[derive(Debug, Clone)]
+enum Fault {
+    Kill { down: Duration },
+    Close,
+    Refuse { hold: Duration },
+    Restart,
+    Alarm { hold: Duration },
+    Poison { id: String, kind: Poison },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Poison {
+    Deep,
+    Big,
+}
+
+/// A poison message as published, to check what comes back against.
+#[derive(Debug, Clone)]
+struct PoisonSent {
+    id: String,
+    kind: Poison,
+    /// The key and encoded value of the header that makes it poison.
+    header: (String, Vec<u8>),
+    body: Vec<u8>,
+    confirmed: bool,
+}
+
+/// Everything the run shares between its tasks and the report.
+struct Chaos {
+    p: String,
+    node: PrivateNode,
+    toml: String,
+    started: Instant,
+    forwarder: tokio::sync::Mutex<Option<Process>>,
+    timeline: Mutex<Vec<String>>,
+    phase: Mutex<String>,
+    kills: AtomicUsize,
+    unexpected_exits: AtomicUsize,
+    confirmed: AtomicUsize,
+    publish_retries: AtomicUsize,
+    poison: Mutex<Vec<PoisonSent>>,
+    log_paths: Mutex<Vec<std::path::PathBuf>>,
+}
+
+impl Chaos {
+    fn queue(&self, suffix: &str) -> String {
+        format!("{}.{suffix}", self.p)
+    }
+
+    fn at(&self) -> String {
+        format!("+{:6.1}s", self.started.elapsed().as_secs_f64())
+    }
+
+    fn note(&self, text: impl AsRef<str>) {
+        let line = format!("{} {}", self.at(), text.as_ref());
+        println!("chaos: {line}");
+        self.timeline
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(line);
+    }
+
+    fn set_phase(&self, phase: &str) {
+        *self.phase.lock().unwrap_or_else(|e| e.into_inner()) = phase.to_string();
+    }
+
+    fn spawn_forwarder(&self) -> Process {
+        let process = Process::spawn(&self.p, &self.toml);
+        self.log_paths
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(process.log_path.clone());
+        process
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_loses_nothing_under_faults() {
+    let settings = Settings::from_env();
+    println!(
+        "chaos: seed {} (CHAOS_SEED={} replays it), {} messages, faults {:?}",
+        settings.seed, settings.seed, settings.messages, settings.faults
+    );
+    let started = Instant::now();
+    let node = PrivateNode::start().await;
+    let node_start = started.elapsed();
+    let p = unique_prefix("chaos");
+    let toml = seed_toml(&p, &top_toml_at(&node.amqp_url(), &p, "nack", 5000, 200));
+    let chaos = Arc::new(Chaos {
+        p,
+        node,
+        toml,
+        started,
+        forwarder: tokio::sync::Mutex::new(None),
+        timeline: Mutex::new(Vec::new()),
+        phase: Mutex::new("starting".into()),
+        kills: AtomicUsize::new(0),
+        unexpected_exits: AtomicUsize::new(0),
+        confirmed: AtomicUsize::new(0),
+        publish_retries: AtomicUsize::new(0),
+        poison: Mutex::new(Vec::new()),
+        log_paths: Mutex::new(Vec::new()),
+    });
+    chaos.note(format!(
+        "private node {} up in {:.1}s",
+        chaos.node.node_name(),
+        node_start.as_secs_f64()
+    ));
+
+    let mut tasks = Vec::new();
+    let outcome = tokio::time::timeout(
+        BOUND.saturating_sub(started.elapsed()),
+        run(chaos.clone(), &settings, &mut tasks),
+    )
+    .await;
+    for task in &tasks {
+        task.abort();
+    }
+    let run_problem = match outcome {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e),
+        Err(_) => Some(format!(
+            "bound of {BOUND:?} exceeded during: {}",
+            chaos.phase.lock().unwrap_or_else(|e| e.into_inner())
+        )),
+    };
+    if let Some(problem) = &run_problem {
+        chaos.note(format!("run ended early: {problem}"));
+    }
+    let settled_at = started.elapsed();
+
+    // Whatever happened, leave the node clean and the forwarder stopped.
+    chaos.set_phase("stopping");
+    let cleanup = {
+        let chaos = chaos.clone();
+        tokio::spawn(async move {
+            chaos.node.set_memory_alarm(false).await;
+            chaos
+                .node
+                .refuse_publishes(&chaos.queue("service"), false)
+                .await;
+        })
+    };
+    if let Ok(Err(e)) = tokio::time::timeout(Duration::from_secs(30), cleanup).await {
+        chaos.note(format!("clearing the alarm and the refusal failed: {e}"));
+    }
+    stop_forwarder(&chaos).await;
+
+    chaos.set_phase("accounting");
+    let accounting = tokio::time::timeout(Duration::from_secs(120), account(&chaos)).await;
+    let (report, mut problems) = match accounting {
+        Ok(Ok(acc)) => acc.report(&chaos, &settings, settled_at),
+        Ok(Err(e)) => (
+            String::new(),
+            vec![format!("cannot read the queues back: {e}")],
+        ),
+        Err(_) => (
+            String::new(),
+            vec!["reading the queues back timed out".into()],
+        ),
+    };
+    if let Some(problem) = run_problem {
+        problems.insert(0, problem);
+    }
+    let unexpected = chaos.unexpected_exits.load(Ordering::SeqCst);
+    if unexpected > 0 {
+        problems.push(format!(
+            "the forwarder exited {unexpected} time(s) on its own"
+        ));
+    }
+    let full = format!(
+        "{}\n{}problems: {}\nelapsed {:.1}s\n",
+        timeline(&chaos),
+        report,
+        if problems.is_empty() {
+            "none".to_string()
+        } else {
+            format!("\n  - {}", problems.join("\n  - "))
+        },
+        started.elapsed().as_secs_f64()
+    );
+    println!("{full}");
+    if problems.is_empty() {
+        for path in chaos
+            .log_paths
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "chaos run failed (CHAOS_SEED={} replays it):\n{full}",
+        settings.seed
+    );
+}
+
+/// Sets up, publishes while injecting faults, and waits until the inbound
+/// queue has settled. Background tasks go to `tasks` so the caller can end
+/// them whatever happens.
+async fn run(
+    chaos: Arc<Chaos>,
+    settings: &Settings,
+    tasks: &mut Vec<AbortHandle>,
+) -> Result<(), String> {
+    let mut rng = fastrand::Rng::with_seed(settings.seed);
+    let span = Duration::from_secs((settings.messages / PUBLISH_RATE).clamp(10, 60) as u64);
+
+    chaos.set_phase("setup");
+    // Before the forwarder declares it, so it never holds messages in the
+    // default drop-head mode when the refusal policy comes and goes.
+    chaos.node.allow_refusal(&chaos.queue("service")).await;
+    *chaos.forwarder.lock().await = Some(chaos.spawn_forwarder());
+    wait_consuming(&chaos).await?;
+    chaos.note("forwarder consuming");
+
+    let plan = plan(&mut rng, settings, span);
+    let summary: Vec<String> = plan
+        .iter()
+        .map(|(at, f)| format!("{:.1}s {}", at.as_secs_f64(), fault_name(f)))
+        .collect();
+    chaos.note(format!("plan: {}", summary.join(", ")));
+
+    tasks.push(tokio::spawn(monitor(chaos.clone())).abort_handle());
+    let ids: Vec<String> = (0..settings.messages).map(|i| format!("m{i:06}")).collect();
+    let t0 = Instant::now();
+    let publisher = tokio::spawn(publish_all(chaos.clone(), ids, span, t0));
+    let scheduler = tokio::spawn(inject(chaos.clone(), plan, t0, rng.u64(..)));
+    tasks.push(publisher.abort_handle());
+    tasks.push(scheduler.abort_handle());
+
+    chaos.set_phase("publishing and injecting faults");
+    scheduler
+        .await
+        .map_err(|e| format!("the fault scheduler failed: {e}"))?;
+    chaos.note("all faults injected and cleared");
+    publisher
+        .await
+        .map_err(|e| format!("the publisher failed: {e}"))?;
+    chaos.note(format!(
+        "publisher done: {} confirmed, {} publish retries",
+        chaos.confirmed.load(Ordering::SeqCst),
+        chaos.publish_retries.load(Ordering::SeqCst)
+    ));
+
+    chaos.set_phase("waiting for the inbound queue to settle");
+    let inbound = chaos.queue("in");
+    let mut quiet = 0;
+    loop {
+        if chaos.unexpected_exits.load(Ordering::SeqCst) >= MAX_UNEXPECTED_EXITS {
+            return Err("the forwarder keeps exiting; not restarted any more".into());
+        }
+        let state = chaos.node.ready_unacked(&inbound).await;
+        quiet = if state == Some((0, 0)) { quiet + 1 } else { 0 };
+        if quiet >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    chaos.note("inbound queue empty, nothing unacked");
+    Ok(())
+}
+
+async fn wait_consuming(chaos: &Chaos) -> Result<(), String> {
+    let inbound = chaos.queue("in");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(mut raw) = RawClient::connect(chaos.node.amqp_addr(), "/").await {
+            let counts = raw.queue_counts(&inbound).await;
+            raw.close().await;
+            if matches!(counts, Ok((_, 1))) {
+                return Ok(());
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("the forwarder never consumed from {inbound}"));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn fault_name(f: &Fault) -> String {
+    match f {
+        Fault::Kill { .. } => "kill".into(),
+        Fault::Close => "close".into(),
+        Fault::Refuse { .. } => "refuse".into(),
+        Fault::Restart => "restart".into(),
+        Fault::Alarm { .. } => "alarm".into(),
+        Fault::Poison { id, .. } => format!("poison {id}"),
+    }
+}
+
+/// The faults, at random offsets within the publishing span, in time order.
+fn plan(rng: &mut fastrand::Rng, settings: &Settings, span: Duration) -> Vec<(Duration, Fault)> {
+    let mut faults = Vec::new();
+    let ms = |rng: &mut fastrand::Rng, lo: u64, hi: u64| Duration::from_millis(rng.u64(lo..hi));
+    if settings.has("kill") {
+        for _ in 0..3 {
+            faults.push(Fault::Kill {
+                down: ms(rng, 0, 1500),
+            });
+        }
+    }
+    if settings.has("close") {
+        for _ in 0..3 {
+            faults.push(Fault::Close);
+        }
+    }
+    if settings.has("refuse") {
+        for _ in 0..2 {
+            faults.push(Fault::Refuse {
+                hold: ms(rng, 2000, 5000),
+            });
+        }
+    }
+    if settings.has("restart") {
+        faults.push(Fault::Restart);
+    }
+    if settings.has("alarm") {
+        // Longer than the forwarder's default 5 s confirm timeout: the alarm
+        // must be waited out, not failed over or dead-lettered.
+        faults.push(Fault::Alarm {
+            hold: ms(rng, 6000, 9000),
+        });
+    }
+    if settings.has("poison") {
+        for (i, kind) in [Poison::Deep, Poison::Big, Poison::Deep, Poison::Big]
+            .into_iter()
+            .enumerate()
+        {
+            let name = if kind == Poison::Deep { "deep" } else { "big" };
+            faults.push(Fault::Poison {
+                id: format!("poison-{name}-{i}"),
+                kind,
+            });
+        }
+    }
+    let span_ms = span.as_millis() as u64;
+    let mut plan: Vec<(Duration, Fault)> = faults
+        .into_iter()
+        .map(|f| {
+            let at = Duration::from_millis(rng.u64(span_ms / 20..span_ms * 17 / 20));
+            (at, f)
+        })
+        .collect();
+    plan.sort_by_key(|(at, _)| *at);
+    plan
+}
+
+/// Runs the plan, one fault at a time (a fault due while another is in
+/// progress starts when it ends).
+async fn inject(chaos: Arc<Chaos>, plan: Vec<(Duration, Fault)>, t0: Instant, seed: u64) {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    for (at, fault) in plan {
+        tokio::time::sleep_until(t0 + at).await;
+        let began = Instant::now();
+        match fault {
+            Fault::Kill { down } => {
+                let busy = wait_for_traffic(&chaos).await;
+                let mut forwarder = chaos.forwarder.lock().await;
+                let Some(process) = forwarder.as_mut() else {
+                    chaos.note("kill: skipped, the forwarder is no longer restarted");
+                    continue;
+                };
+                process.signal("KILL");
+                process.wait_exit(Duration::from_secs(10)).await;
+                chaos.kills.fetch_add(1, Ordering::SeqCst);
+                // Down for a while, as after a real crash.
+                tokio::time::sleep(down).await;
+                *forwarder = Some(chaos.spawn_forwarder());
+                chaos.note(format!(
+                    "kill: forwarder SIGKILLed{busy}, restarted after {:.1}s",
+                    began.elapsed().as_secs_f64()
+                ));
+            }
+            Fault::Close => {
+                let backlog = pause_for_backlog(&chaos).await;
+                let closed = chaos
+                    .node
+                    .close_connections_named(&format!("{}/", chaos.p))
+                    .await;
+                resume(&chaos).await;
+                chaos.note(format!(
+                    "close: {closed} forwarder connection(s) closed{backlog}"
+                ));
+            }
+            Fault::Refuse { hold } => {
+                let busy = wait_for_traffic(&chaos).await;
+                let queue = chaos.queue("service");
+                chaos.node.refuse_publishes(&queue, true).await;
+                chaos.note(format!("refuse: {queue} refuses publishes{busy}"));
+                tokio::time::sleep(hold).await;
+                chaos.node.refuse_publishes(&queue, false).await;
+                chaos.note(format!(
+                    "refuse: {queue} accepts again after {:.1}s",
+                    began.elapsed().as_secs_f64()
+                ));
+            }
+            Fault::Restart => {
+                let backlog = pause_for_backlog(&chaos).await;
+                chaos.note(format!("restart: broker app stopping{backlog}"));
+                chaos.node.stop_app().await;
+                resume(&chaos).await;
+                chaos.node.start_app().await;
+                chaos.note(format!(
+                    "restart: broker app back after {:.1}s",
+                    began.elapsed().as_secs_f64()
+                ));
+            }
+            Fault::Alarm { hold } => {
+                let backlog = pause_for_backlog(&chaos).await;
+                chaos.node.set_memory_alarm(true).await;
+                resume(&chaos).await;
+                chaos.note(format!("alarm: memory alarm raised{backlog}"));
+                tokio::time::sleep_until(began + hold).await;
+                let blocked = chaos.node.blocked_connections().await;
+                let forwarder = format!("{}/publish/", chaos.p);
+                chaos.note(format!(
+                    "alarm: forwarder publishing connection {}",
+                    if blocked.iter().any(|n| n.contains(&forwarder)) {
+                        "blocked"
+                    } else {
+                        "NOT blocked"
+                    }
+                ));
+                chaos.node.set_memory_alarm(false).await;
+                chaos.note(format!(
+                    "alarm: cleared after {:.1}s",
+                    began.elapsed().as_secs_f64()
+                ));
+            }
+            Fault::Poison { id, kind } => {
+                let sent = publish_poison(&chaos, &id, kind, &mut rng).await;
+                chaos.note(format!(
+                    "poison: {id} {}",
+                    if sent.confirmed {
+                        "published (confirmed)"
+                    } else {
+                        "NOT confirmed"
+                    }
+                ));
+                chaos
+                    .poison
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(sent);
+            }
+        }
+    }
+}
+
+/// Pauses the forwarder (SIGSTOP) and waits (up to `BACKLOG_WAIT`) until
+/// `BACKLOG` messages wait in the inbound queue; says how many did. The
+/// caller applies its fault, then [`resume`]s the forwarder.
+async fn pause_for_backlog(chaos: &Chaos) -> String {
+    {
+        let mut forwarder = chaos.forwarder.lock().await;
+        let Some(process) = forwarder.as_mut() else {
+            return " (forwarder not running)".into();
+        };
+        process.signal("STOP");
+    }
+    let deadline = Instant::now() + BACKLOG_WAIT;
+    let inbound = chaos.queue("in");
+    let mut waiting = 0;
+    if let Ok(mut raw) = RawClient::connect(chaos.node.amqp_addr(), "/").await {
+        while Instant::now() < deadline {
+            match raw.message_count(&inbound).await {
+                Ok(n) => waiting = n,
+                Err(_) => break,
+            }
+            if waiting >= BACKLOG {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        raw.close().await;
+    }
+    format!(" (forwarder paused until {waiting} messages waited)")
+}
+
+/// Lets a forwarder paused by [`pause_for_backlog`] go on (SIGCONT).
+async fn resume(chaos: &Chaos) {
+    if let Some(process) = chaos.forwarder.lock().await.as_mut() {
+        process.signal("CONT");
+    }
+}
+
+/// Waits (up to `TRAFFIC_WAIT`) until the inbound queue has a backlog, that
+/// is the forwarder has a full window in flight; says which it was.
+async fn wait_for_traffic(chaos: &Chaos) -> &'static str {
+    let deadline = Instant::now() + TRAFFIC_WAIT;
+    let Ok(mut raw) = RawClient::connect(chaos.node.amqp_addr(), "/").await else {
+        return " (broker unreachable)";
+    };
+    let inbound = chaos.queue("in");
+    let mut busy = " (idle)";
+    while Instant::now() < deadline {
+        match raw.message_count(&inbound).await {
+            Ok(n) if n > 0 => {
+                busy = " (with messages in flight)";
+                break;
+            }
+            Ok(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            Err(_) => break,
+        }
+    }
+    raw.close().await;
+    busy
+}
+
+/// Publishes one poison message over a raw connection, retrying until the
+/// broker confirms it (or a minute has passed).
+async fn publish_poison(
+    chaos: &Chaos,
+    id: &str,
+    kind: Poison,
+    rng: &mut fastrand::Rng,
+) -> PoisonSent {
+    let body = format!("{id} body {}", rng.u32(..)).into_bytes();
+    let mut props = RawProperties {
+        message_id: Some(id.to_string()),
+        delivery_mode: Some(2),
+        headers: vec![(POISON_HEADER.to_string(), encode::boolean(true))],
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut sent = PoisonSent {
+        id: id.to_string(),
+        kind,
+        header: (String::new(), Vec::new()),
+        body,
+        confirmed: false,
+    };
+    while Instant::now() < deadline {
+        let Ok(mut raw) = RawClient::connect(chaos.node.amqp_addr(), "/").await else {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            continue;
+        };
+        let header = match kind {
+            Poison::Deep => (
+                "deep".to_string(),
+                encode::nested_table_value("d", DEEP_LEVELS),
+            ),
+            Poison::Big => {
+                let mut probe = props.clone();
+                probe
+                    .headers
+                    .push(("filler".to_string(), encode::long_string(b"")));
+                let target = raw.frame_max() as usize - BIG_HEADER_MARGIN;
+                let filler = target - RawClient::header_frame_size(&probe);
+                (
+                    "filler".to_string(),
+                    encode::long_string(&vec![b'f'; filler]),
+                )
+            }
+        };
+        props.headers.truncate(1);
+        props.headers.push(header.clone());
+        sent.header = header;
+        let result = async {
+            raw.confirm_select().await?;
+            raw.publish("", &chaos.queue("in"), &props, &sent.body)
+                .await
+        }
+        .await;
+        raw.close().await;
+        if result == Ok(RawConfirm::Ack) {
+            sent.confirmed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    sent
+}
+
+/// Restarts the forwarder whenever it exits without the test killing it,
+/// up to `MAX_UNEXPECTED_EXITS` times.
+async fn monitor(chaos: Arc<Chaos>) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let mut forwarder = chaos.forwarder.lock().await;
+        let Some(process) = forwarder.as_mut() else {
+            continue;
+        };
+        let Some(status) = process.exited() else {
+            continue;
+        };
+        let n = chaos.unexpected_exits.fetch_add(1, Ordering::SeqCst) + 1;
+        let log = process.log();
+        let tail: Vec<&str> = log.lines().rev().take(3).collect();
+        chaos.note(format!(
+            "UNEXPECTED: the forwarder exited on its own ({status}); log tail: {}",
+            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+        ));
+        if n >= MAX_UNEXPECTED_EXITS {
+            chaos.note("giving up restarting the forwarder");
+            *forwarder = None;
+            return;
+        }
+        *forwarder = Some(chaos.spawn_forwarder());
+    }
+}
+
+/// A confirm channel on a fresh publishing connection of the test's own.
+async fn publisher_channel(chaos: &Chaos) -> Option<(Connection, Channel)> {
+    let url = chaos.node.amqp_url();
+    let connect = Connection::connect(
+        &url,
+        ConnectionProperties::default()
+            .with_connection_name(format!("{}-publisher", chaos.p).into()),
+    );
+    let conn = tokio::time::timeout(Duration::from_secs(10), connect)
+        .await
+        .ok()?
+        .ok()?;
+    let open = async {
+        let ch = conn.create_channel().await?;
+        ch.confirm_select(ConfirmSelectOptions::default()).await?;
+        Ok::<_, lapin::Error>(ch)
+    };
+    match tokio::time::timeout(Duration::from_secs(10), open).await {
+        Ok(Ok(ch)) => Some((conn, ch)),
+        _ => {
+            let _ = conn.close(200, "OK".into()).await;
+            None
+        }
+    }
+}
+
+/// Publishes every id to the inbound queue, persistent and mandatory, in
+/// bursts spread over `span`; publishes that are not confirmed (nack, error,
+/// timeout, connection lost) are published again. Only confirmed publishes
+/// count as sent.
+async fn publish_all(chaos: Arc<Chaos>, ids: Vec<String>, span: Duration, t0: Instant) {
+    let inbound = chaos.queue("in");
+    let batches = ids.len().div_ceil(BURST).max(1);
+    let mut link: Option<(Connection, Channel)> = None;
+    for (k, batch) in ids.chunks(BURST).enumerate() {
+        tokio::time::sleep_until(t0 + span.mul_f64(k as f64 / batches as f64)).await;
+        let mut pending: Vec<&String> = batch.iter().collect();
+        let mut first = true;
+        while !pending.is_empty() {
+            if !first {
+                chaos
+                    .publish_retries
+                    .fetch_add(pending.len(), Ordering::SeqCst);
+            }
+            first = false;
+            if link
+                .as_ref()
+                .is_none_or(|(c, ch)| !c.status().connected() || !ch.status().connected())
+            {
+                if let Some((old, _)) = link.take() {
+                    let _ = old.close(200, "OK".into()).await;
+                }
+                link = publisher_channel(&chaos).await;
+            }
+            let Some((_, channel)) = link.as_ref() else {
+                // The broker is down (an app restart): try again shortly.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                first = true;
+                continue;
+            };
+            let mut failed = Vec::new();
+            let mut confirms = Vec::new();
+            for (i, id) in pending.iter().enumerate() {
+                let props = BasicProperties::default()
+                    .with_message_id(id.as_str().into())
+                    .with_delivery_mode(2);
+                let publish = channel.basic_publish(
+                    "".into(),
+                    inbound.as_str().into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..BasicPublishOptions::default()
+                    },
+                    id.as_bytes(),
+                    props,
+                );
+                match tokio::time::timeout(PUBLISH_WAIT, publish).await {
+                    Ok(Ok(confirm)) => confirms.push((*id, confirm)),
+                    _ => {
+                        failed.extend(pending[i..].iter().copied());
+                        break;
+                    }
+                }
+            }
+            for (id, confirm) in confirms {
+                match tokio::time::timeout(PUBLISH_WAIT, confirm).await {
+                    Ok(Ok(Confirmation::Ack(None))) => {
+                        chaos.confirmed.fetch_add(1, Ordering::SeqCst);
+                    }
+                    _ => failed.push(id),
+                }
+            }
+            if !failed.is_empty()
+                && let Some((conn, _)) = link.take()
+            {
+                // A fresh channel, so no late confirm is mistaken for a new one.
+                let _ = tokio::time::timeout(Duration::from_secs(5), conn.close(200, "OK".into()))
+                    .await;
+            }
+            pending = failed;
+        }
+    }
+    if let Some((conn, _)) = link {
+        let _ = conn.close(200, "OK".into()).await;
+    }
+}
+
+async fn stop_forwarder(chaos: &Chaos) {
+    let mut forwarder = chaos.forwarder.lock().await;
+    if let Some(mut process) = forwarder.take() {
+        if process.exited().is_none() {
+            process.signal("TERM");
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while process.exited().is_none() && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        let status = process.exited();
+        chaos.note(format!("forwarder stopped: {status:?}"));
+        // Drop kills it if TERM did not.
+    }
+}
+
+/// What the queues held at the end, by message id.
+struct Accounting {
+    queues: Vec<(String, Vec<RawMessage>)>,
+}
+
+async fn account(chaos: &Chaos) -> Result<Accounting, String> {
+    let mut raw = RawClient::connect(chaos.node.amqp_addr(), "/")
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut queues = Vec::new();
+    for suffix in [
+        "service",
+        "service.backup",
+        "logging",
+        "logging.backup",
+        "dlq",
+        "in",
+    ] {
+        let messages = raw
+            .drain(&chaos.queue(suffix))
+            .await
+            .map_err(|e| format!("{suffix}: {e}"))?;
+        queues.push((suffix.to_string(), messages));
+    }
+    raw.close().await;
+    Ok(Accounting { queues })
+}
+
+fn timeline(chaos: &Chaos) -> String {
+    let lines = chaos.timeline.lock().unwrap_or_else(|e| e.into_inner());
+    let mut out = String::from("timeline:\n");
+    for line in lines.iter() {
+        let _ = writeln!(out, "  {line}");
+    }
+    out
+}
+
+impl Accounting {
+    fn queue(&self, suffix: &str) -> &[RawMessage] {
+        self.queues
+            .iter()
+            .find(|(s, _)| s == suffix)
+            .map(|(_, m)| m.as_slice())
+            .unwrap_or(&[])
+    }
+
+    /// Copies per message id in the given queues.
+    fn tally(&self, suffixes: &[&str]) -> HashMap<String, usize> {
+        let mut counts = HashMap::new();
+        for suffix in suffixes {
+            for m in self.queue(suffix) {
+                let id = m.message_id.clone().unwrap_or_default();
+                *counts.entry(id).or_insert(0) += 1;
+            }
+        }
+        counts
+    }
+
+    fn report(
+        &self,
+        chaos: &Chaos,
+        settings: &Settings,
+        settled_at: Duration,
+    ) -> (String, Vec<String>) {
+        let mut out = String::new();
+        let mut problems = Vec::new();
+        let is_poison = |id: &str| id.starts_with("poison-");
+        let normal = |counts: &HashMap<String, usize>| -> (usize, usize) {
+            let copies = counts
+                .iter()
+                .filter(|(id, _)| !is_poison(id))
+                .map(|(_, n)| n)
+                .sum();
+            let distinct = counts.keys().filter(|id| !is_poison(id)).count();
+            (copies, distinct)
+        };
+        let service = self.tally(&["service", "service.backup"]);
+        let logging = self.tally(&["logging", "logging.backup"]);
+        let dlq = self.tally(&["dlq"]);
+        let inbound = self.tally(&["in"]);
+        let confirmed = chaos.confirmed.load(Ordering::SeqCst);
+        let ids: Vec<String> = (0..settings.messages).map(|i| format!("m{i:06}")).collect();
+        let known: BTreeSet<&str> = ids.iter().map(String::as_str).collect();
+
+        let _ = writeln!(
+            out,
+            "publisher: {confirmed} of {} confirmed, {} publish retries",
+            settings.messages,
+            chaos.publish_retries.load(Ordering::SeqCst)
+        );
+        let _ = writeln!(
+            out,
+            "forwarder: {} kills by the test, {} exits on its own; run ended at {:.1}s",
+            chaos.kills.load(Ordering::SeqCst),
+            chaos.unexpected_exits.load(Ordering::SeqCst),
+            settled_at.as_secs_f64()
+        );
+        for (label, counts, primary, backup) in [
+            ("service", &service, "service", "service.backup"),
+            ("logging", &logging, "logging", "logging.backup"),
+        ] {
+            let (copies, distinct) = normal(counts);
+            let _ = writeln!(
+                out,
+                "{label}: {} primary + {} backup; normal: {copies} copies of {distinct} ids, \
+                 {} duplicates",
+                self.queue(primary).len(),
+                self.queue(backup).len(),
+                copies - distinct
+            );
+        }
+        let (dlq_normal, _) = normal(&dlq);
+        let _ = writeln!(
+            out,
+            "dlq: {} messages ({dlq_normal} normal); inbound left: {}",
+            self.queue("dlq").len(),
+            self.queue("in").len()
+        );
+
+        // A message still in the inbound queue or dead-lettered is counted
+        // as such; lost is missing from a branch and from both of those.
+        let dead: Vec<&String> = ids.iter().filter(|id| dlq.contains_key(*id)).collect();
+        let left: Vec<&String> = ids.iter().filter(|id| inbound.contains_key(*id)).collect();
+        let elsewhere = |id: &String| dlq.contains_key(id) || inbound.contains_key(id);
+        let missing_service: Vec<&String> = ids
+            .iter()
+            .filter(|id| !service.contains_key(*id) && !elsewhere(id))
+            .collect();
+        let missing_logging: Vec<&String> = ids
+            .iter()
+            .filter(|id| !logging.contains_key(*id) && !elsewhere(id))
+            .collect();
+        let unknown: BTreeSet<&String> = service
+            .keys()
+            .chain(logging.keys())
+            .chain(dlq.keys())
+            .chain(inbound.keys())
+            .filter(|id| !is_poison(id) && !known.contains(id.as_str()))
+            .collect();
+        let altered = self
+            .queues
+            .iter()
+            .flat_map(|(_, ms)| ms)
+            .filter(|m| {
+                m.message_id
+                    .as_deref()
+                    .is_some_and(|id| !is_poison(id) && m.body != id.as_bytes())
+            })
+            .count();
+        let lost: BTreeSet<&String> = missing_service
+            .iter()
+            .chain(&missing_logging)
+            .copied()
+            .collect();
+        let _ = writeln!(
+            out,
+            "normal messages: {} lost (missing from service {}, from logging {}), \
+             {} dead-lettered, {} left in inbound, {} unknown ids, {altered} altered bodies",
+            lost.len(),
+            missing_service.len(),
+            missing_logging.len(),
+            dead.len(),
+            left.len(),
+            unknown.len()
+        );
+        let sample = |v: &[&String]| -> String {
+            let shown: Vec<&str> = v.iter().take(8).map(|s| s.as_str()).collect();
+            format!("{shown:?}")
+        };
+        if confirmed < settings.messages {
+            problems.push(format!(
+                "only {confirmed} of {} publishes confirmed",
+                settings.messages
+            ));
+        }
+        if !lost.is_empty() {
+            let lost: Vec<&String> = lost.into_iter().collect();
+            problems.push(format!("{} lost, e.g. {}", lost.len(), sample(&lost)));
+        }
+        if !dead.is_empty() {
+            problems.push(format!(
+                "{} normal messages dead-lettered, e.g. {}",
+                dead.len(),
+                sample(&dead)
+            ));
+        }
+        if !left.is_empty() {
+            problems.push(format!("{} left in the inbound queue", left.len()));
+        }
+        if !unknown.is_empty() {
+            let unknown: Vec<&String> = unknown.into_iter().collect();
+            problems.push(format!("unknown message ids: {}", sample(&unknown)));
+        }
+        if altered > 0 {
+            problems.push(format!("{altered} copies with an altered body"));
+        }
+
+        let poison = chaos.poison.lock().unwrap_or_else(|e| e.into_inner());
+        for sent in poison.iter() {
+            let verdict = self.poison_verdict(sent);
+            let _ = writeln!(out, "poison {} ({:?}): {verdict}", sent.id, sent.kind);
+            if !verdict.starts_with("ok") {
+                problems.push(format!("poison {}: {verdict}", sent.id));
+            }
+        }
+        (out, problems)
+    }
+
+    /// Where a poison message ended: dead-lettered, or forwarded intact to
+    /// both branches; anything else is a problem.
+    fn poison_verdict(&self, sent: &PoisonSent) -> String {
+        let find = |suffixes: &[&str]| -> Vec<&RawMessage> {
+            suffixes
+                .iter()
+                .flat_map(|s| self.queue(s))
+                .filter(|m| m.message_id.as_deref() == Some(sent.id.as_str()))
+                .collect()
+        };
+        let intact = |m: &RawMessage| {
+            m.body == sent.body
+                && m.header_value(&sent.header.0).as_deref() == Some(sent.header.1.as_slice())
+                && m.header_value(POISON_HEADER) == Some(encode::boolean(true))
+        };
+        let dead = find(&["dlq"]);
+        let service = find(&["service", "service.backup"]);
+        let logging = find(&["logging", "logging.backup"]);
+        let left = find(&["in"]);
+        if !sent.confirmed {
+            return "never confirmed by the broker".into();
+        }
+        if !left.is_empty() {
+            return format!("still in the inbound queue ({} copies)", left.len());
+        }
+        if dead.iter().any(|m| intact(m)) {
+            return format!(
+                "ok, dead-lettered ({} in dlq, {} service and {} logging copies)",
+                dead.len(),
+                service.len(),
+                logging.len()
+            );
+        }
+        if !dead.is_empty() {
+            return "dead-lettered but altered".into();
+        }
+        match (service.is_empty(), logging.is_empty()) {
+            (false, false) if service.iter().chain(&logging).all(|m| intact(m)) => format!(
+                "ok, forwarded intact ({} service, {} logging copies)",
+                service.len(),
+                logging.len()
+            ),
+            (false, false) => "forwarded but altered".into(),
+            (true, true) => "LOST: in no queue".into(),
+            (true, false) => "LOST from service (logging has it)".into(),
+            (false, true) => "LOST from logging (service has it)".into(),
+        }
+    }
+}
