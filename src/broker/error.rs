@@ -37,6 +37,9 @@ pub enum Level {
     Channel,
     /// `connection.close`: every channel of the connection is gone.
     Connection,
+    /// The channel had already been closed (by the broker, for some
+    /// publish) when this one was made on it.
+    ClosedChannel,
     /// No AMQP reply: the socket, a heartbeat, or the client's own state.
     Transport,
 }
@@ -72,6 +75,11 @@ impl BrokerError {
     /// Keeps what a lapin error says.
     pub fn from_lapin(error: &lapin::Error) -> Self {
         match error.kind() {
+            ErrorKind::InvalidChannelState(..) => Self {
+                code: None,
+                level: Level::ClosedChannel,
+                text: error.to_string(),
+            },
             ErrorKind::ProtocolError(amqp) => Self {
                 code: Some(amqp.get_id()),
                 level: match amqp.kind() {
@@ -88,8 +96,12 @@ impl BrokerError {
         }
     }
 
-    /// Whose fault it is.
+    /// Whose fault it is. A publish on a channel the broker had just closed
+    /// counts as the message's: it is retried alone, which tells.
     pub fn fault(&self) -> Fault {
+        if self.level == Level::ClosedChannel {
+            return Fault::Message;
+        }
         match self.code {
             Some(
                 code::PRECONDITION_FAILED
@@ -105,6 +117,7 @@ impl BrokerError {
 
     fn describe(&self) -> String {
         let level = match self.level {
+            Level::ClosedChannel => return format!("channel already closed: {}", self.text),
             Level::Channel => "channel closed by the broker",
             Level::Connection => "connection closed by the broker",
             Level::Transport => return format!("connection lost: {}", self.text),
@@ -146,6 +159,7 @@ mod tests {
                 Fault::Connection,
             ),
             (None, Level::Transport, Fault::Connection),
+            (None, Level::ClosedChannel, Fault::Message),
         ];
         for (code, level, fault) in cases {
             assert_eq!(error(code, level).fault(), fault, "{code:?} {level:?}");

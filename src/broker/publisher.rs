@@ -569,8 +569,10 @@ impl Actor {
             };
             if waiter.mode == Mode::Alone {
                 self.alone_busy = None;
+                // Alone on its channel, a refusal with a reply code is this message's own.
                 if let Err(PublishFailure::Broker(e)) = &outcome
                     && e.fault() == Fault::Message
+                    && e.code.is_some()
                 {
                     outcome = Err(PublishFailure::Rejected(e.to_string()));
                 }
