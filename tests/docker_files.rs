@@ -550,6 +550,32 @@ fn the_image_builds_with_the_declared_toolchain_and_runs_unprivileged() {
         debian(runtime),
         "build and runtime share a Debian release (and so a glibc)"
     );
+    // The build context is the repository root: what the image copies must
+    // exist and must not be excluded by .dockerignore.
+    let ignored: Vec<String> = read(&root().join(".dockerignore"))
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| l.trim_matches('/').to_owned())
+        .collect();
+    for copy in instructions(&image, "COPY") {
+        if copy.starts_with("--from") {
+            continue;
+        }
+        let words: Vec<&str> = copy.split_whitespace().collect();
+        for source in &words[..words.len() - 1] {
+            assert!(
+                root().join(source).exists(),
+                "COPY {source}: not in the repository"
+            );
+            assert!(
+                !ignored
+                    .iter()
+                    .any(|i| *source == i || source.starts_with(&format!("{i}/"))),
+                "COPY {source}: excluded by .dockerignore"
+            );
+        }
+    }
     let users = instructions(&image, "USER");
     let user = users.last().copied().unwrap_or("root");
     assert!(
