@@ -1,0 +1,327 @@
+//! The documentation in the repository stands alone and stays true to the
+//! code: every configuration key of `src/config/raw.rs` has a row in
+//! `docs/configuration.md` (and no row names a key that does not exist), the
+//! examples there load, and the Markdown files link only to files and
+//! headings the repository has. No broker needed.
+
+use regex::Regex;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use switchyard::config::load_str;
+
+const CONFIGURATION: &str = "docs/configuration.md";
+
+/// The Markdown a reader of a clone can open.
+const MARKDOWN: &[&str] = &[
+    "README.md",
+    "docs/configuration.md",
+    "docs/operations.md",
+    "docs/guarantees.md",
+    "docker/README.md",
+    "bench/README.md",
+];
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(path: impl AsRef<Path>) -> String {
+    let path = root().join(path);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// A struct of `raw.rs` and its keys as serde reads them: field name, or
+/// its `rename`, with the field's type.
+fn raw_structs() -> BTreeMap<String, Vec<(String, String)>> {
+    let field = Regex::new(r"^\s*pub (\w+): (.+),$").unwrap();
+    let rename = Regex::new(r#"rename = "(\w+)""#).unwrap();
+    let start = Regex::new(r"^pub struct (Raw\w+) \{$").unwrap();
+    let mut structs = BTreeMap::new();
+    let mut current: Option<(String, Vec<(String, String)>)> = None;
+    let mut renamed: Option<String> = None;
+    for line in read("src/config/raw.rs").lines() {
+        if let Some(c) = start.captures(line) {
+            current = Some((c[1].to_owned(), Vec::new()));
+            continue;
+        }
+        let Some((_, fields)) = current.as_mut() else {
+            continue;
+        };
+        if line == "}" {
+            let (name, fields) = current.take().unwrap();
+            structs.insert(name, fields);
+        } else if let Some(c) = rename.captures(line) {
+            renamed = Some(c[1].to_owned());
+        } else if let Some(c) = field.captures(line) {
+            let key = renamed.take().unwrap_or_else(|| c[1].to_owned());
+            fields.push((key, c[2].to_owned()));
+        }
+    }
+    structs
+}
+
+/// `## heading` -> the section's text, in order.
+fn sections(markdown: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    let mut fenced = false;
+    for line in markdown.lines() {
+        if line.starts_with("```") {
+            fenced = !fenced;
+        }
+        match line.strip_prefix("## ") {
+            Some(heading) if !fenced => out.push((heading.to_owned(), String::new())),
+            _ => {
+                if let Some((_, text)) = out.last_mut() {
+                    text.push_str(line);
+                    text.push('\n');
+                }
+            }
+        }
+    }
+    out
+}
+
+fn section(markdown: &str, heading: &str) -> String {
+    sections(markdown)
+        .into_iter()
+        .find(|(h, _)| h == heading)
+        .map(|(_, text)| text)
+        .unwrap_or_else(|| panic!("no section \"## {heading}\""))
+}
+
+/// The keys in the first column of a section's tables.
+fn documented_keys(text: &str) -> BTreeSet<String> {
+    let row = Regex::new(r"(?m)^\| `([a-z_]+)` \|").unwrap();
+    row.captures_iter(text).map(|c| c[1].to_owned()).collect()
+}
+
+/// The bodies of the ```toml blocks in `text`.
+fn toml_blocks(text: &str) -> Vec<String> {
+    let mut blocks = Vec::new();
+    let mut current: Option<String> = None;
+    for line in text.lines() {
+        match (&mut current, line) {
+            (None, "```toml") => current = Some(String::new()),
+            (Some(_), "```") => blocks.push(current.take().unwrap()),
+            (Some(block), line) => {
+                block.push_str(line);
+                block.push('\n');
+            }
+            (None, _) => {}
+        }
+    }
+    blocks
+}
+
+#[test]
+fn every_configuration_key_is_documented_and_every_documented_key_exists() {
+    let doc = read(CONFIGURATION);
+    let structs = raw_structs();
+    let headings: Vec<String> = sections(&doc).into_iter().map(|(h, _)| h).collect();
+    let by_section = [
+        ("RawInbound", "`[inbound]`"),
+        ("RawDeadLetter", "`[dead_letter]`"),
+        ("RawBroker", "`[brokers.NAME]`"),
+        ("RawEndpoint", "`[endpoints.NAME]`"),
+        ("RawFilter", "`[filters.NAME]`"),
+        ("RawFilterEntry", "`[[filter_table]]`"),
+        ("RawSessions", "`[sessions]`"),
+        ("RawAdmin", "`[admin]`"),
+    ];
+    let mut checked: BTreeSet<&str> = BTreeSet::new();
+    for (name, heading) in by_section {
+        let keys: BTreeSet<String> = structs
+            .get(name)
+            .unwrap_or_else(|| panic!("raw.rs has no {name}"))
+            .iter()
+            .map(|(k, _)| k.clone())
+            .collect();
+        assert!(!keys.is_empty(), "{name} has no fields");
+        let documented = documented_keys(&section(&doc, heading));
+        assert_eq!(
+            documented, keys,
+            "the rows of \"## {heading}\" in {CONFIGURATION} must be exactly the keys of {name}"
+        );
+        checked.insert(name);
+    }
+
+    // The top level: scalar keys have rows, tables have sections.
+    let top = structs.get("RawConfig").expect("raw.rs has RawConfig");
+    let documented = documented_keys(&section(&doc, "Top level"));
+    let mut scalars = BTreeSet::new();
+    for (key, ty) in top {
+        let table = ty.starts_with("Raw") || ty.starts_with("BTreeMap") || ty.starts_with("Vec");
+        if table {
+            let marker = format!("[{key}");
+            assert!(
+                headings.iter().any(|h| h.contains(&marker)),
+                "{CONFIGURATION} has no section for [{key}]"
+            );
+        } else {
+            scalars.insert(key.clone());
+        }
+    }
+    assert_eq!(
+        documented, scalars,
+        "the rows of \"## Top level\" must be the top-level keys"
+    );
+    checked.insert("RawConfig");
+
+    let unchecked: Vec<&String> = structs
+        .keys()
+        .filter(|s| !checked.contains(s.as_str()))
+        .collect();
+    assert!(
+        unchecked.is_empty(),
+        "raw.rs structs without a documented section: {unchecked:?}"
+    );
+}
+
+#[test]
+fn the_full_example_is_valid() {
+    let doc = read(CONFIGURATION);
+    let blocks = toml_blocks(&section(&doc, "A full example"));
+    assert_eq!(blocks.len(), 1, "one example in \"## A full example\"");
+    let settings =
+        load_str(&blocks[0], "full example").unwrap_or_else(|e| panic!("the full example: {e}"));
+    assert_eq!(
+        settings.routing.branch_names().collect::<Vec<_>>(),
+        ["service", "logging", "audit", "unmatched"]
+    );
+    assert_eq!(settings.endpoints.len(), 7);
+    assert_eq!(settings.brokers.len(), 2);
+    assert!(settings.admin_listen.is_some());
+}
+
+#[test]
+fn every_filter_example_compiles() {
+    let doc = read(CONFIGURATION);
+    let examples = toml_blocks(&section(&doc, "`[filters.NAME]`"));
+    let defined = Regex::new(r"(?m)^\[filters\.(\w+)\]$").unwrap();
+    let names: Vec<String> = examples
+        .iter()
+        .flat_map(|e| defined.captures_iter(e).map(|c| c[1].to_owned()))
+        .collect();
+    let base = r#"
+[inbound]
+broker = "main"
+queue = "work.in"
+
+[dead_letter]
+exchange = "work.dlx"
+routing_key = "work.dlq"
+
+[brokers.main]
+uri = "amqp://guest:guest@127.0.0.1:5672/%2f"
+
+[endpoints.out]
+broker = "main"
+routing_key = "out"
+"#;
+    let mut toml = format!("{base}\n{}", examples.join("\n"));
+    for name in &names {
+        toml.push_str(&format!(
+            "\n[[filter_table]]\nname = \"{name}\"\nfilter = \"{name}\"\nendpoint = \"out\"\n"
+        ));
+    }
+    let settings =
+        load_str(&toml, "filter examples").unwrap_or_else(|e| panic!("filter examples: {e}"));
+    assert_eq!(settings.routing.branch_names().count(), names.len());
+    for kind in [
+        "match_all",
+        "header",
+        "property",
+        "routing_key",
+        "and",
+        "or",
+        "not",
+    ] {
+        assert!(
+            examples
+                .iter()
+                .any(|e| e.contains(&format!("type = \"{kind}\""))),
+            "no example of a {kind} filter"
+        );
+    }
+}
+
+/// GitHub's anchor for a heading: lower case, spaces to `-`, other
+/// punctuation dropped.
+fn slug(heading: &str) -> String {
+    heading
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c.to_ascii_lowercase()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn anchors(markdown: &str) -> BTreeSet<String> {
+    let mut fenced = false;
+    let mut out = BTreeSet::new();
+    for line in markdown.lines() {
+        if line.starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced && line.starts_with('#') {
+            out.insert(slug(line.trim_start_matches('#').trim()));
+        }
+    }
+    out
+}
+
+#[test]
+fn links_resolve_inside_the_repository() {
+    let link = Regex::new(r"\]\(([^)\s]+)\)").unwrap();
+    for file in MARKDOWN {
+        let text = read(file);
+        let dir = Path::new(file).parent().unwrap_or(Path::new(""));
+        for c in link.captures_iter(&text) {
+            let target = &c[1];
+            if target.starts_with("http://") || target.starts_with("https://") {
+                continue;
+            }
+            let (path, anchor) = match target.split_once('#') {
+                Some((path, anchor)) => (path, Some(anchor)),
+                None => (target, None),
+            };
+            let linked = if path.is_empty() {
+                PathBuf::from(file)
+            } else {
+                dir.join(path)
+            };
+            let absolute = root().join(&linked);
+            assert!(
+                absolute.exists(),
+                "{file}: link to {target}, which is not in the repository"
+            );
+            if let Some(anchor) = anchor {
+                let headings = anchors(&read(&linked));
+                assert!(
+                    headings.contains(anchor),
+                    "{file}: link to {target}: no such heading in {}",
+                    linked.display()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_documentation_names_nothing_a_clone_lacks() {
+    let outside = Regex::new(r"\bSPEC\b|shared/").unwrap();
+    for file in MARKDOWN.iter().chain(&["config/spec-example.toml"]) {
+        for (n, line) in read(file).lines().enumerate() {
+            assert!(
+                !outside.is_match(line),
+                "{file}:{}: refers to a document outside the repository: {line}",
+                n + 1
+            );
+        }
+    }
+    assert!(
+        root().join("LICENSE").is_file(),
+        "Cargo.toml names a LICENSE"
+    );
+}
