@@ -2,8 +2,8 @@
 //! against real dead letters made by the forwarder running in-process:
 //! listings in both dead-letter modes with every filter, the queue left
 //! unchanged in content and order; redrive of partially delivered messages
-//! reaching only the missing branch; a redrive killed with SIGKILL losing
-//! nothing; the quick start's dead letters explaining themselves; and the
+//! reaching only the missing branch; a redrive stopped by SIGINT duplicating
+//! nothing and one killed with SIGKILL losing nothing; the quick start's dead letters explaining themselves; and the
 //! one-line errors.
 
 mod support;
@@ -657,7 +657,7 @@ async fn redrive_takes_each_dead_letter_once_even_when_it_comes_back() {
 }
 
 #[tokio::test]
-async fn a_redrive_killed_midway_loses_nothing() {
+async fn a_redrive_interrupted_or_killed_midway_loses_nothing() {
     const N: usize = 2000;
     let p = unique_prefix("dlq-redrive-kill");
     let broker = TestBroker::connect(&p).await;
@@ -682,6 +682,44 @@ async fn a_redrive_killed_midway_loses_nothing() {
     forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
     let config = ConfigFile::new(&p, &toml);
 
+    // Ctrl-C stops it between two messages: nothing duplicated.
+    let interrupted = switchyard()
+        .args(["dlq", "redrive", "--config", config.path()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn: {e}"));
+    wait_until("a few hundred are redriven", BULK_TIMEOUT, || async {
+        broker.queue_len(&inbound).await >= 300
+    })
+    .await;
+    let pid = interrupted.id().unwrap_or_else(|| panic!("no pid"));
+    let status = std::process::Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .unwrap_or_else(|e| panic!("kill: {e}"));
+    assert!(status.success());
+    let out = tokio::time::timeout(BULK_TIMEOUT, interrupted.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("redrive did not stop on SIGINT"))
+        .unwrap_or_else(|e| panic!("wait: {e}"));
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.starts_with("switchyard: redrive stopped: interrupted (SIGINT); ")
+            && err.contains(" of 2000 dead letter(s) redriven"),
+        "{err}"
+    );
+    let moved = broker.queue_len(&inbound).await;
+    assert!(moved < N as u32, "stopped before the end");
+    wait_until(
+        "the broker took back what the redrive held",
+        DEFAULT_TIMEOUT,
+        || async { ready_unacked(&dlq_name).await == Some((u64::from(N as u32 - moved), 0)) },
+    )
+    .await;
+
+    // SIGKILL: nothing lost, at most the message in hand duplicated.
     let mut child = switchyard()
         .args([
             "dlq",
@@ -695,8 +733,8 @@ async fn a_redrive_killed_midway_loses_nothing() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap_or_else(|e| panic!("spawn: {e}"));
-    wait_until("a few hundred are redriven", BULK_TIMEOUT, || async {
-        broker.queue_len(&inbound).await >= 300
+    wait_until("a few hundred more are redriven", BULK_TIMEOUT, || async {
+        broker.queue_len(&inbound).await >= moved + 300
     })
     .await;
     child.start_kill().unwrap_or_else(|e| panic!("kill: {e}"));

@@ -37,8 +37,6 @@ pub struct Redriven {
     pub refused: u64,
     /// Nothing was published or removed.
     pub dry_run: bool,
-    /// Stopped early by SIGINT.
-    pub interrupted: bool,
 }
 
 impl fmt::Display for Redriven {
@@ -64,15 +62,13 @@ impl fmt::Display for Redriven {
                 )?;
             }
         }
-        if self.interrupted {
-            write!(f, "; interrupted")?;
-        }
         Ok(())
     }
 }
 
-/// Redrives the dead letters `selection` takes, in queue order, until
-/// `interrupt` completes (checked between messages). With `dry_run`, only
+/// Redrives the dead letters `selection` takes, in queue order; stops
+/// (an error saying what was done) when `interrupt` completes, checked
+/// between messages. With `dry_run`, only
 /// prints to `out` what it would do. `progress` draws a bar on stderr.
 pub async fn redrive(
     settings: &Settings,
@@ -101,16 +97,12 @@ pub async fn redrive(
         redriven: 0,
         refused: 0,
         dry_run,
-        interrupted: false,
     };
     let mut interrupt = std::pin::pin!(interrupt);
     let outcome: Result<(), String> = loop {
         let next = tokio::select! {
             biased;
-            () = &mut interrupt => {
-                done.interrupted = true;
-                break Ok(());
-            }
+            () = &mut interrupt => break Err("interrupted (SIGINT)".to_owned()),
             next = scan.next(&mut reader) => next,
         };
         let (message, record) = match next {
