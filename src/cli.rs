@@ -1,7 +1,8 @@
-//! The command line: `run` and `check`.
+//! The command line: `run`, `check` and `dlq inspect` / `dlq redrive`.
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
+use switchyard::dlq::{DlqError, Format, Request, Selection};
 
 /// Transactional multicast forwarder for RabbitMQ.
 #[derive(Debug, Parser)]
@@ -50,4 +51,88 @@ pub enum Command {
         #[arg(long, value_name = "PATH")]
         config: Option<PathBuf>,
     },
+    /// Look at or redrive the dead-letter queue (dead_letter.queue on the inbound broker).
+    #[command(subcommand)]
+    Dlq(Dlq),
+}
+
+/// The `dlq` commands.
+#[derive(Debug, Subcommand)]
+pub enum Dlq {
+    /// List dead letters without removing or reordering them.
+    ///
+    /// Shows, in queue order, each dead letter's message_id, reason, failed
+    /// branches (with the endpoint that refused last and the error),
+    /// delivered branches, source queue, age and the first bytes of the
+    /// body; for a dead letter only the broker annotated (nack mode), its
+    /// x-death entries. Every message read is handed back to the queue in
+    /// its original position.
+    Inspect {
+        /// Which dead letters.
+        #[command(flatten)]
+        select: Select,
+        /// Print one JSON object per line instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Move dead letters back to the inbound queue.
+    ///
+    /// Each copy is confirmed on the inbound queue before its dead letter is
+    /// removed, with x-switchyard-only set to the branches it failed on, so
+    /// branches it already reached get no duplicate. Killed midway it loses
+    /// nothing; at most the message in hand is duplicated.
+    Redrive {
+        /// Which dead letters (default: all).
+        #[command(flatten)]
+        select: Select,
+        /// Print what would be redriven and change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+/// The configuration and filters every `dlq` command takes.
+#[derive(Debug, Args)]
+pub struct Select {
+    /// Configuration file [default: $SWITCHYARD_CONFIG, then config/switchyard.toml].
+    #[arg(long, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    /// At most N dead letters [inspect default: 100; redrive default: all].
+    #[arg(long, value_name = "N")]
+    pub limit: Option<u64>,
+    /// Only dead letters with this reason (exhausted, no-route, rejected, poison, loop,
+    /// malformed, ..., or x-death:REASON for one only the broker annotated); repeatable.
+    #[arg(long, value_name = "REASON")]
+    pub reason: Vec<String>,
+    /// Only the dead letter(s) with this message_id.
+    #[arg(long, value_name = "ID")]
+    pub message_id: Option<String>,
+    /// Only dead letters dead-lettered within this long, e.g. 10m, 2h, 1d, 1h30m.
+    #[arg(long, value_name = "DURATION")]
+    pub since: Option<String>,
+}
+
+impl Dlq {
+    /// The filters of either command.
+    pub fn select(&self) -> &Select {
+        match self {
+            Self::Inspect { select, .. } | Self::Redrive { select, .. } => select,
+        }
+    }
+
+    /// The command with its values checked (a bad `--since` is a usage error).
+    pub fn request(&self) -> Result<Request, DlqError> {
+        let s = self.select();
+        let selection = Selection::new(
+            s.limit,
+            s.reason.clone(),
+            s.message_id.clone(),
+            s.since.as_deref(),
+        )?;
+        Ok(match self {
+            Self::Inspect { json: true, .. } => Request::Inspect(selection, Format::Json),
+            Self::Inspect { json: false, .. } => Request::Inspect(selection, Format::Table),
+            Self::Redrive { dry_run, .. } => Request::Redrive(selection, *dry_run),
+        })
+    }
 }

@@ -17,6 +17,8 @@
 //! - [`broker`]: every lapin type: connections, confirm channels, the
 //!   consumer and its acks, topology.
 //! - [`telemetry`]: log events and metrics, named once.
+//! - [`dlq`]: `dlq inspect` and `dlq redrive`, the dead-letter queue read
+//!   in place.
 //!
 //! The binary is thin: it parses the command line, loads the configuration
 //! and calls [`run`].
@@ -25,6 +27,7 @@
 
 pub mod broker;
 pub mod config;
+pub mod dlq;
 pub mod envelope;
 pub mod pipeline;
 pub mod routing;

@@ -62,6 +62,10 @@ fn main() -> ExitCode {
             Ok((_, settings)) => run(settings),
             Err(code) => code,
         },
+        Command::Dlq(command) => match load(command.select().config.clone()) {
+            Ok((path, settings)) => dlq(&path, settings, command),
+            Err(code) => code,
+        },
     }
 }
 
@@ -117,6 +121,49 @@ fn run(settings: Settings) -> ExitCode {
     tracing::error!(error = %error, "switchyard stopped");
     eprintln!("switchyard: {error}");
     ExitCode::from(EXIT_FAILURE)
+}
+
+/// `dlq inspect` / `dlq redrive`: the command line is checked before any
+/// I/O, then the command runs on threads that can hold any header, as `run`.
+fn dlq(path: &std::path::Path, settings: Settings, command: cli::Dlq) -> ExitCode {
+    let failed = |e: &switchyard::dlq::DlqError| {
+        match e {
+            switchyard::dlq::DlqError::Config(key) => {
+                eprintln!("switchyard: {}: {key}", path.display())
+            }
+            _ => eprintln!("switchyard: {e}"),
+        }
+        ExitCode::from(if e.is_usage() {
+            EXIT_USAGE
+        } else {
+            EXIT_FAILURE
+        })
+    };
+    let request = match command.request() {
+        Ok(request) => request,
+        Err(e) => return failed(&e),
+    };
+    ensure_thread_stack();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_stack_size(THREAD_STACK)
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("switchyard: cannot start the runtime: {e}");
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    let work = runtime.spawn(switchyard::dlq::execute(settings, request));
+    match runtime.block_on(work) {
+        Ok(Ok(())) => ExitCode::SUCCESS,
+        Ok(Err(e)) => failed(&e),
+        Err(e) => {
+            eprintln!("switchyard: the dlq task failed: {e}");
+            ExitCode::from(EXIT_FAILURE)
+        }
+    }
 }
 
 /// lapin spawns its I/O threads with the default stack size, which only

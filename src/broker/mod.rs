@@ -11,11 +11,14 @@
 //! - [`inbound`]: the consuming connection: qos, peek-lock consume, and the
 //!   settle actor that batches acks.
 //! - [`topology`]: startup declarations and the dead-letter checks.
+//! - [`dlq_reader`]: the dead-letter queue read without removing, and
+//!   copies put back on the inbound queue, for `dlq inspect` / `redrive`.
 //! - `error`: broker errors with their reply codes, classified by fault.
 //! - `health`: endpoint health, marked by publishers, read by deliveries.
 //! - [`frame_size`]: content header size, checked before publishing.
 
 mod connector;
+mod dlq_reader;
 mod error;
 pub mod frame_size;
 mod health;
@@ -24,6 +27,7 @@ mod publisher;
 mod topology;
 
 pub use connector::{Blocking, ConnectError, Connector, Role};
+pub use dlq_reader::{DlqReader, ReadError, RepublishError};
 pub use error::{BrokerError, Fault, Level, code};
 pub use health::{Down, EndpointHealth};
 pub use inbound::{ConsumeError, InboundChannel, Receipt, open_inbound};

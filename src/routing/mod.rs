@@ -195,6 +195,18 @@ impl RoutingTable {
         self.branches.iter().map(Branch::name)
     }
 
+    /// The endpoint a `failover` branch tries last. When such a branch's
+    /// list is exhausted, this is the endpoint that refused last (the last
+    /// endpoint of a list is never skipped). `None` for an unknown branch
+    /// and for `round_robin`, whose starting endpoint varies per message.
+    pub fn last_endpoint(&self, branch: &str) -> Option<&str> {
+        let branch = self.branches.iter().find(|b| b.name() == branch)?;
+        match branch.strategy {
+            Strategy::Failover => branch.endpoints.last().map(|e| e.name.as_str()),
+            Strategy::RoundRobin => None,
+        }
+    }
+
     /// A short human summary, one line per entry, for `switchyard check`.
     pub fn summary(&self) -> String {
         let mut out = String::new();
@@ -291,6 +303,31 @@ mod tests {
 
     fn urgent() -> Filter {
         Filter::RoutingKey(TopicPattern::parse("urgent.#"))
+    }
+
+    #[test]
+    fn the_last_endpoint_is_known_for_failover_branches_only() {
+        let table = RoutingTable::new(vec![
+            branch(
+                "service",
+                Filter::MatchAll,
+                0,
+                &["s1", "s2"],
+                Strategy::Failover,
+            ),
+            branch("logging", Filter::MatchAll, 0, &["l"], Strategy::Failover),
+            branch(
+                "spread",
+                Filter::MatchAll,
+                0,
+                &["a", "b"],
+                Strategy::RoundRobin,
+            ),
+        ]);
+        assert_eq!(table.last_endpoint("service"), Some("s2"));
+        assert_eq!(table.last_endpoint("logging"), Some("l"));
+        assert_eq!(table.last_endpoint("spread"), None);
+        assert_eq!(table.last_endpoint("retired"), None);
     }
 
     #[test]

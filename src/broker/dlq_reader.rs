@@ -1,0 +1,311 @@
+//! The dead-letter queue as `dlq inspect` and `dlq redrive` reach it: one
+//! connection to the inbound broker, a channel that takes dead letters
+//! with `basic.get` and manual acks, and, for redrive, a confirm channel
+//! that puts copies back on the inbound queue.
+//!
+//! Nothing is removed unless the caller acks it. Every message taken and
+//! not acked is held (unacked) until [`DlqReader::finish`], which hands them
+//! all back with one `basic.nack(multiple, requeue)`; the broker puts each
+//! back at its original position in a classic queue, so the queue keeps its
+//! content and order. If the process dies instead, the broker does the same
+//! when the connection drops.
+
+use super::error::{BrokerError, Fault};
+use super::{FieldTable, Properties};
+use crate::config::BrokerSpec;
+use crate::envelope::Envelope;
+use lapin::options::{
+    BasicAckOptions, BasicGetOptions, BasicNackOptions, BasicPublishOptions, ConfirmSelectOptions,
+    QueueDeclareOptions,
+};
+use lapin::{Channel, Confirmation, Connection, ConnectionProperties};
+use std::future::Future;
+use std::time::Duration;
+
+/// Bound on every broker operation, a publish confirm included.
+const OP_TIMEOUT: Duration = Duration::from_secs(30);
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Reading the dead-letter queue failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// No connection to the broker.
+    #[error("cannot connect to broker \"{broker}\" ({uri}): {reason}")]
+    Connect {
+        /// The broker's name.
+        broker: String,
+        /// Its URI, password masked.
+        uri: String,
+        /// Why.
+        reason: String,
+    },
+    /// The dead-letter queue does not exist.
+    #[error("dead_letter.queue \"{queue}\" does not exist on broker \"{broker}\"")]
+    Missing {
+        /// The queue.
+        queue: String,
+        /// The broker's name.
+        broker: String,
+    },
+    /// The broker refused or dropped an operation.
+    #[error("{what}: {error}")]
+    Broker {
+        /// What was being done.
+        what: &'static str,
+        /// The broker's answer.
+        error: BrokerError,
+    },
+    /// The broker did not answer in time.
+    #[error("{0}: no answer from the broker within 30 s")]
+    Timeout(&'static str),
+}
+
+/// Why a copy put back on the inbound queue was not confirmed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RepublishError {
+    /// The broker returned it as unroutable: the queue does not exist.
+    #[error("returned by the broker: {code} {text}")]
+    Returned {
+        /// AMQP reply code (312 NO_ROUTE).
+        code: u16,
+        /// AMQP reply text.
+        text: String,
+    },
+    /// The broker answered `basic.nack` (a full queue with `reject-publish`).
+    #[error("nacked by the broker")]
+    Nacked,
+    /// The broker refused this message itself (a foreign `user_id`, too
+    /// large); others may still pass.
+    #[error("refused by the broker: {0}")]
+    Refused(BrokerError),
+    /// The channel or connection failed.
+    #[error("{0}")]
+    Broker(BrokerError),
+    /// No confirm in time (a broker alarm blocks publishers, or it stalls).
+    #[error("no confirm within 30 s (is the broker blocking publishers?)")]
+    Timeout,
+}
+
+/// A connection to the dead-letter queue's broker.
+pub struct DlqReader {
+    connection: Connection,
+    channel: Channel,
+    publisher: Option<Channel>,
+    queue: String,
+    /// The delivery tag of the last message taken, if any.
+    last_tag: Option<u64>,
+}
+
+impl DlqReader {
+    /// Connects to `spec` (the connection is named `<instance>/dlq/<broker>`)
+    /// and checks that `queue` exists; returns the reader and how many
+    /// messages the queue holds ready.
+    pub async fn open(
+        spec: &BrokerSpec,
+        instance: &str,
+        queue: &str,
+    ) -> Result<(Self, u32), ReadError> {
+        let properties = ConnectionProperties::default()
+            .with_connection_name(format!("{instance}/dlq/{}", spec.name).into());
+        let connect_error = |reason: String| ReadError::Connect {
+            broker: spec.name.clone(),
+            uri: spec.redacted_uri(),
+            reason,
+        };
+        let connection = match tokio::time::timeout(
+            OP_TIMEOUT,
+            Connection::connect(spec.secret_uri(), properties),
+        )
+        .await
+        {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Err(connect_error(BrokerError::from_lapin(&e).to_string())),
+            Err(_) => return Err(connect_error("no answer within 30 s".to_owned())),
+        };
+        let channel = bounded("opening a channel", connection.create_channel()).await?;
+        let options = QueueDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        let declared = tokio::time::timeout(
+            OP_TIMEOUT,
+            channel.queue_declare(queue.into(), options, FieldTable::default()),
+        )
+        .await;
+        let count = match declared {
+            Ok(Ok(q)) => q.message_count(),
+            Ok(Err(e)) => {
+                let error = BrokerError::from_lapin(&e);
+                let _ = tokio::time::timeout(CLOSE_TIMEOUT, connection.close(200, "".into())).await;
+                return Err(match error.code {
+                    Some(super::code::NOT_FOUND) => ReadError::Missing {
+                        queue: queue.to_owned(),
+                        broker: spec.name.clone(),
+                    },
+                    _ => ReadError::Broker {
+                        what: "checking the dead-letter queue",
+                        error,
+                    },
+                });
+            }
+            Err(_) => return Err(ReadError::Timeout("checking the dead-letter queue")),
+        };
+        // The passive declare may not have closed it, but a 404 would have.
+        let channel = if channel.status().connected() {
+            channel
+        } else {
+            bounded("opening a channel", connection.create_channel()).await?
+        };
+        let reader = Self {
+            connection,
+            channel,
+            publisher: None,
+            queue: queue.to_owned(),
+            last_tag: None,
+        };
+        Ok((reader, count))
+    }
+
+    /// Takes the next dead letter, unacked; `None` when no message is ready.
+    pub async fn next(&mut self) -> Result<Option<Envelope>, ReadError> {
+        let got = bounded(
+            "reading the dead-letter queue",
+            self.channel.basic_get(
+                self.queue.as_str().into(),
+                BasicGetOptions { no_ack: false },
+            ),
+        )
+        .await?;
+        Ok(got.map(|message| {
+            let delivery = message.delivery;
+            self.last_tag = Some(delivery.delivery_tag);
+            Envelope {
+                delivery_tag: delivery.delivery_tag,
+                exchange: delivery.exchange.to_string(),
+                routing_key: delivery.routing_key.to_string(),
+                redelivered: delivery.redelivered,
+                properties: delivery.properties,
+                body: delivery.data,
+            }
+        }))
+    }
+
+    /// Removes one dead letter from the queue for good.
+    pub async fn ack(&self, delivery_tag: u64) -> Result<(), ReadError> {
+        bounded(
+            "acknowledging a dead letter",
+            self.channel
+                .basic_ack(delivery_tag, BasicAckOptions { multiple: false }),
+        )
+        .await
+    }
+
+    /// Publishes `body` with `properties` to the default exchange with
+    /// routing key `queue`, `mandatory`, and waits for its confirm: `Ok` only
+    /// for an ack without a return. One publish at a time, so a return
+    /// always belongs to this publish.
+    pub async fn republish(
+        &mut self,
+        queue: &str,
+        properties: Properties,
+        body: &[u8],
+    ) -> Result<(), RepublishError> {
+        let channel = match &self.publisher {
+            Some(c) if c.status().connected() => c.clone(),
+            _ => {
+                let open = async {
+                    let channel = self.connection.create_channel().await?;
+                    channel
+                        .confirm_select(ConfirmSelectOptions::default())
+                        .await?;
+                    Ok::<_, lapin::Error>(channel)
+                };
+                let channel = match tokio::time::timeout(OP_TIMEOUT, open).await {
+                    Ok(Ok(c)) => c,
+                    Ok(Err(e)) => return Err(RepublishError::Broker(BrokerError::from_lapin(&e))),
+                    Err(_) => return Err(RepublishError::Timeout),
+                };
+                self.publisher = Some(channel.clone());
+                channel
+            }
+        };
+        let options = BasicPublishOptions {
+            mandatory: true,
+            immediate: false,
+        };
+        let publish = async {
+            channel
+                .basic_publish("".into(), queue.into(), options, body, properties)
+                .await?
+                .await
+        };
+        match tokio::time::timeout(OP_TIMEOUT, publish).await {
+            Ok(Ok(Confirmation::Ack(None))) => Ok(()),
+            Ok(Ok(Confirmation::Ack(Some(r)) | Confirmation::Nack(Some(r)))) => {
+                Err(RepublishError::Returned {
+                    code: r.reply_code,
+                    text: r.reply_text.to_string(),
+                })
+            }
+            Ok(Ok(Confirmation::Nack(None))) => Err(RepublishError::Nacked),
+            Ok(Ok(Confirmation::NotRequested)) => Err(RepublishError::Broker(BrokerError {
+                code: None,
+                level: super::Level::Transport,
+                text: "channel is not in confirm mode".to_owned(),
+            })),
+            Ok(Err(e)) => {
+                let error = BrokerError::from_lapin(&e);
+                match error.fault() {
+                    Fault::Message => Err(RepublishError::Refused(error)),
+                    _ => Err(RepublishError::Broker(error)),
+                }
+            }
+            Err(_) => {
+                // Whatever that channel still delivers is not waited for.
+                self.publisher = None;
+                Err(RepublishError::Timeout)
+            }
+        }
+    }
+
+    /// Hands every message taken and not acked back to the queue, in
+    /// order, and closes the connection.
+    pub async fn finish(self) -> Result<(), ReadError> {
+        let requeued = match self.last_tag {
+            Some(tag) => {
+                let options = BasicNackOptions {
+                    multiple: true,
+                    requeue: true,
+                };
+                bounded(
+                    "handing dead letters back",
+                    self.channel.basic_nack(tag, options),
+                )
+                .await
+            }
+            None => Ok(()),
+        };
+        // Closing also requeues anything the nack did not reach.
+        let _ = tokio::time::timeout(CLOSE_TIMEOUT, self.channel.close(200, "".into())).await;
+        let _ = tokio::time::timeout(
+            CLOSE_TIMEOUT,
+            self.connection.close(200, "switchyard dlq: done".into()),
+        )
+        .await;
+        requeued
+    }
+}
+
+async fn bounded<T>(
+    what: &'static str,
+    operation: impl Future<Output = lapin::Result<T>>,
+) -> Result<T, ReadError> {
+    match tokio::time::timeout(OP_TIMEOUT, operation).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(e)) => Err(ReadError::Broker {
+            what,
+            error: BrokerError::from_lapin(&e),
+        }),
+        Err(_) => Err(ReadError::Timeout(what)),
+    }
+}
