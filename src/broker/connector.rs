@@ -184,10 +184,7 @@ impl Connector {
         }
         let properties = ConnectionProperties::default()
             .with_connection_name(self.connection_name.clone().into());
-        let attempt = timeout(
-            CONNECT_TIMEOUT,
-            Connection::connect(self.spec.secret_uri(), properties),
-        );
+        let attempt = timeout(CONNECT_TIMEOUT, super::tls::connect(&self.spec, properties));
         let error = match attempt.await {
             Ok(Ok(connection)) => {
                 if state.failures > 0 {
@@ -214,7 +211,7 @@ impl Connector {
                     reason,
                 });
             }
-            Ok(Err(e)) => e.to_string(),
+            Ok(Err(e)) => super::tls::failure(&e, &self.spec.name).unwrap_or_else(|| e.to_string()),
             Err(_) => format!("no answer within {} s", CONNECT_TIMEOUT.as_secs()),
         };
         state.failures += 1;

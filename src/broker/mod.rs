@@ -16,6 +16,8 @@
 //! - `error`: broker errors with their reply codes, classified by fault.
 //! - `health`: endpoint health, marked by publishers, read by deliveries.
 //! - [`frame_size`]: content header size, checked before publishing.
+//! - `tls`: the PEM files of `amqps://` brokers, read at load time, and
+//!   TLS failures told apart from other connect errors.
 
 mod connector;
 mod dlq_reader;
@@ -24,6 +26,7 @@ pub mod frame_size;
 mod health;
 mod inbound;
 mod publisher;
+mod tls;
 mod topology;
 
 pub use connector::{Blocking, ConnectError, Connector, Role};
@@ -32,6 +35,7 @@ pub use error::{BrokerError, Fault, Level, code};
 pub use health::{Down, EndpointHealth};
 pub use inbound::{ConsumeError, InboundChannel, Receipt, open_inbound};
 pub use publisher::{Mode, PublishFailure, Publisher};
+pub use tls::{IdentityError, read_ca_file, read_client_identity};
 pub use topology::{
     PROBE_HEADER, TopologyError, declare_endpoint_queue, prepare_inbound, redeclare_inbound,
 };

@@ -1,9 +1,9 @@
 //! [`compile`]: raw configuration → [`Settings`], or the first invalid key.
 
 use super::error::InvalidKey;
-use super::raw::{RawConfig, RawEndpoint, RawFilter, RawFilterEntry};
-use super::{BrokerSpec, DeadLetter, DeadLetterMode, Endpoint, Inbound, QueueType, Settings};
-use crate::broker::{same_vhost, validate_uri};
+use super::raw::{RawBroker, RawConfig, RawEndpoint, RawFilter, RawFilterEntry};
+use super::{BrokerSpec, DeadLetter, DeadLetterMode, Endpoint, Inbound, QueueType, Settings, Tls};
+use crate::broker::{IdentityError, read_ca_file, read_client_identity, same_vhost, validate_uri};
 use crate::routing::{
     Branch, Filter, Outage, Property, RoutingTable, Strategy, TopicPattern, ValueTest,
 };
@@ -205,9 +205,56 @@ fn compile_brokers(raw: &RawConfig) -> Result<BTreeMap<String, Arc<BrokerSpec>>>
         .map(|(name, b)| {
             validate_uri(&b.uri)
                 .map_err(|why| InvalidKey::new(format!("brokers.{name}.uri"), why))?;
-            Ok((name.clone(), Arc::new(BrokerSpec::new(name, &b.uri))))
+            let tls = compile_tls(name, b)?;
+            let spec = BrokerSpec::new(name, &b.uri).with_tls(tls);
+            Ok((name.clone(), Arc::new(spec)))
         })
         .collect()
+}
+
+/// Reads and checks the PEM files of an `amqps://` broker.
+fn compile_tls(name: &str, b: &RawBroker) -> Result<Tls> {
+    let key = |k: &str| format!("brokers.{name}.{k}");
+    let files = [
+        ("ca_file", &b.ca_file),
+        ("client_cert_file", &b.client_cert_file),
+        ("client_key_file", &b.client_key_file),
+    ];
+    if !b.uri.starts_with("amqps://") {
+        if let Some((k, _)) = files.iter().find(|(_, f)| f.is_some()) {
+            return Err(InvalidKey::new(
+                key(k),
+                "applies only to an amqps:// uri; use amqps:// or remove it",
+            ));
+        }
+        return Ok(Tls::default());
+    }
+    let ca_pem = match &b.ca_file {
+        None => None,
+        Some(path) => Some(read_ca_file(path).map_err(|why| InvalidKey::new(key("ca_file"), why))?),
+    };
+    let client = match (&b.client_cert_file, &b.client_key_file) {
+        (None, None) => None,
+        (Some(_), None) => {
+            return Err(InvalidKey::new(
+                key("client_key_file"),
+                "missing: client_cert_file needs its private key; set both or neither",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(InvalidKey::new(
+                key("client_cert_file"),
+                "missing: client_key_file needs its certificate; set both or neither",
+            ));
+        }
+        (Some(cert), Some(private)) => {
+            Some(read_client_identity(cert, private).map_err(|e| match e {
+                IdentityError::Cert(why) => InvalidKey::new(key("client_cert_file"), why),
+                IdentityError::Key(why) => InvalidKey::new(key("client_key_file"), why),
+            })?)
+        }
+    };
+    Ok(Tls { ca_pem, client })
 }
 
 fn compile_dead_letter(raw: &RawConfig) -> Result<DeadLetter> {

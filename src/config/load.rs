@@ -29,18 +29,21 @@ pub fn load(path: &Path) -> Result<Settings, ConfigError> {
         });
     }
     let source = File::from(path).format(FileFormat::Toml).required(true);
-    let raw = build(source, path, true)?;
+    let mut raw = build(source, path, true)?;
+    raw.relative_to(path.parent().unwrap_or(Path::new("")));
     compile(&raw).map_err(|source| ConfigError::Invalid {
         path: path.to_owned(),
         source,
     })
 }
 
-/// Compiles TOML text; `origin` stands for the file name in errors. No
-/// environment overrides: used by tests and tools that build configs in memory.
+/// Compiles TOML text; `origin` stands for the file name in errors, and
+/// relative file paths are taken from its directory. No environment
+/// overrides: used by tests and tools that build configs in memory.
 pub fn load_str(toml: &str, origin: &str) -> Result<Settings, ConfigError> {
     let path = PathBuf::from(origin);
-    let raw = build(File::from_str(toml, FileFormat::Toml), &path, false)?;
+    let mut raw = build(File::from_str(toml, FileFormat::Toml), &path, false)?;
+    raw.relative_to(path.parent().unwrap_or(Path::new("")));
     compile(&raw).map_err(|source| ConfigError::Invalid { path, source })
 }
 

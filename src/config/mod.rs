@@ -130,15 +130,64 @@ pub struct BrokerSpec {
     /// Its name in `[brokers]`.
     pub name: String,
     uri: String,
+    /// What an `amqps://` connection trusts and shows (empty for `amqp://`).
+    pub tls: Tls,
+}
+
+/// The TLS material of an `amqps://` broker, read from the files its
+/// configuration names and checked when the configuration was loaded.
+/// Certificate verification is always on; this only adds to what is trusted
+/// and what is shown.
+#[derive(Clone, Default)]
+pub struct Tls {
+    /// CA certificates (PEM) trusted besides the system's roots (`ca_file`).
+    pub ca_pem: Option<String>,
+    /// The client certificate and key (`client_cert_file`, `client_key_file`).
+    pub client: Option<ClientIdentity>,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tls")
+            .field("ca", &self.ca_pem.is_some())
+            .field("client_certificate", &self.client.is_some())
+            .finish()
+    }
+}
+
+/// A client certificate chain and its private key, both PEM.
+#[derive(Clone)]
+pub struct ClientIdentity {
+    /// The certificate chain, the client's own certificate first.
+    pub cert_pem: Vec<u8>,
+    key_pem: Vec<u8>,
+}
+
+impl ClientIdentity {
+    /// An identity; the key was checked to belong to the certificate.
+    pub fn new(cert_pem: Vec<u8>, key_pem: Vec<u8>) -> Self {
+        Self { cert_pem, key_pem }
+    }
+
+    /// The private key, for the TLS handshake only. Never log it.
+    pub fn secret_key_pem(&self) -> &[u8] {
+        &self.key_pem
+    }
 }
 
 impl BrokerSpec {
-    /// A broker; `uri` was validated by [`compile`].
+    /// A broker without TLS material; `uri` was validated by [`compile`].
     pub fn new(name: impl Into<String>, uri: impl Into<String>) -> Self {
         Self {
             name: name.into(),
             uri: uri.into(),
+            tls: Tls::default(),
         }
+    }
+
+    /// The same broker with `tls` for its `amqps://` connections.
+    pub fn with_tls(self, tls: Tls) -> Self {
+        Self { tls, ..self }
     }
 
     /// The URI with credentials, for connecting only. Never log it.
@@ -157,6 +206,7 @@ impl std::fmt::Debug for BrokerSpec {
         f.debug_struct("BrokerSpec")
             .field("name", &self.name)
             .field("uri", &self.redacted_uri())
+            .field("tls", &self.tls)
             .finish()
     }
 }

@@ -6,6 +6,7 @@
 
 use serde::Deserialize;
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 /// The whole configuration file.
 #[derive(Debug, Clone, Deserialize)]
@@ -137,6 +138,42 @@ fn default_dead_letter_mode() -> String {
 pub struct RawBroker {
     /// `amqp://` or `amqps://` URI, credentials included.
     pub uri: String,
+    /// `amqps://` only: a PEM file of CA certificates trusted to sign the
+    /// broker's certificate, in addition to the system's roots. Relative to
+    /// the configuration file's directory.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// `amqps://` only: a PEM file with the client certificate (chain) shown
+    /// to a broker that asks for one; needs `client_key_file`. Relative to
+    /// the configuration file's directory.
+    #[serde(default)]
+    pub client_cert_file: Option<PathBuf>,
+    /// `amqps://` only: the PEM private key of `client_cert_file`. Relative
+    /// to the configuration file's directory.
+    #[serde(default)]
+    pub client_key_file: Option<PathBuf>,
+}
+
+impl RawConfig {
+    /// Makes every relative file path in the configuration relative to
+    /// `dir` (the configuration file's directory) instead of the process's
+    /// working directory.
+    pub fn relative_to(&mut self, dir: &Path) {
+        for broker in self.brokers.values_mut() {
+            for file in [
+                &mut broker.ca_file,
+                &mut broker.client_cert_file,
+                &mut broker.client_key_file,
+            ]
+            .into_iter()
+            .flatten()
+            {
+                if file.is_relative() {
+                    *file = dir.join(&*file);
+                }
+            }
+        }
+    }
 }
 
 /// `[endpoints.NAME]`

@@ -402,10 +402,165 @@ fn invalid_configurations_fail_with_their_exact_error() {
             with("[admin]\nlisten = \"localhost\""),
             "test.toml: admin.listen: \"localhost\" is not a host:port address",
         ),
+        (
+            BASE.replace("%2f\"", "%2f\"\nca_file = \"ca.pem\""),
+            "test.toml: brokers.main.ca_file: applies only to an amqps:// uri; use amqps:// or remove it",
+        ),
+        (
+            BASE.replace("%2f\"", "%2f\"\nclient_key_file = \"client.key\""),
+            "test.toml: brokers.main.client_key_file: applies only to an amqps:// uri; use amqps:// or remove it",
+        ),
+        (
+            tls_broker("ca_file = \"missing-ca.pem\""),
+            "test.toml: brokers.main.ca_file: cannot read \"missing-ca.pem\": No such file or directory (os error 2)",
+        ),
+        (
+            tls_broker("client_cert_file = \"client.pem\""),
+            "test.toml: brokers.main.client_key_file: missing: client_cert_file needs its private key; set both or neither",
+        ),
+        (
+            tls_broker("client_key_file = \"client.key\""),
+            "test.toml: brokers.main.client_cert_file: missing: client_key_file needs its certificate; set both or neither",
+        ),
+        (
+            tls_broker("client_cert_file = \"none.pem\"\nclient_key_file = \"none.key\""),
+            "test.toml: brokers.main.client_cert_file: cannot read \"none.pem\": No such file or directory (os error 2)",
+        ),
     ];
     for (toml, expected) in cases {
         assert_eq!(error_of(&toml), expected);
     }
+}
+
+/// [`BASE`] with an `amqps://` broker and `keys` in its table.
+fn tls_broker(keys: &str) -> String {
+    BASE.replace(
+        "uri = \"amqp://guest:secret@127.0.0.1:5672/%2f\"",
+        &format!("uri = \"amqps://guest:secret@localhost:5671/%2f\"\n{keys}"),
+    )
+}
+
+/// A directory with `ca.pem`, a client certificate `client.pem` signed by
+/// it with its key `client.key`, another key `other.key`, `junk.pem` (no
+/// PEM at all) and `not-x509.pem` (a PEM certificate that does not parse).
+fn tls_files() -> std::path::PathBuf {
+    use rcgen::{CertificateParams, IsCa, Issuer, KeyPair};
+    let dir = std::env::temp_dir().join(format!("sy-config-tls-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let client_key = KeyPair::generate().unwrap();
+    let client = CertificateParams::new(vec!["switchyard".to_owned()])
+        .unwrap()
+        .signed_by(&client_key, &issuer)
+        .unwrap();
+    let other_key = KeyPair::generate().unwrap();
+    for (name, text) in [
+        ("ca.pem", ca.pem()),
+        ("client.pem", client.pem()),
+        ("client.key", client_key.serialize_pem()),
+        ("other.key", other_key.serialize_pem()),
+        ("junk.pem", "not a certificate\n".to_owned()),
+        (
+            "not-x509.pem",
+            "-----BEGIN CERTIFICATE-----\nAAECAwQF\n-----END CERTIFICATE-----\n".to_owned(),
+        ),
+    ] {
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn tls_files_are_read_relative_to_the_configuration_file() {
+    let dir = tls_files();
+    let origin = dir.join("switchyard.toml");
+    let origin = origin.to_str().unwrap();
+    let toml = tls_broker(
+        "ca_file = \"ca.pem\"\nclient_cert_file = \"client.pem\"\nclient_key_file = \"client.key\"",
+    );
+    let settings = load_str(&toml, origin).unwrap_or_else(|e| panic!("{e}"));
+    let tls = &settings.brokers["main"].tls;
+    let ca = std::fs::read_to_string(dir.join("ca.pem")).unwrap();
+    assert_eq!(tls.ca_pem.as_deref(), Some(ca.as_str()));
+    let client = tls.client.as_ref().expect("a client identity");
+    assert_eq!(
+        client.cert_pem,
+        std::fs::read(dir.join("client.pem")).unwrap()
+    );
+    assert_eq!(
+        client.secret_key_pem(),
+        std::fs::read(dir.join("client.key")).unwrap()
+    );
+    let debug = format!("{:?}", settings.brokers["main"]);
+    assert!(!debug.contains("PRIVATE KEY"), "{debug}");
+
+    let plain = load_str(&tls_broker(""), origin).unwrap_or_else(|e| panic!("{e}"));
+    let tls = &plain.brokers["main"].tls;
+    assert!(tls.ca_pem.is_none() && tls.client.is_none());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn bad_tls_files_fail_naming_the_key_and_the_file() {
+    let dir = tls_files();
+    let origin = dir.join("switchyard.toml");
+    let origin = origin.to_str().unwrap();
+    let d = dir.display();
+    let cases = [
+        (
+            "ca_file = \"junk.pem\"".to_owned(),
+            format!(
+                "brokers.main.ca_file: \"{d}/junk.pem\" holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
+            ),
+        ),
+        (
+            "ca_file = \"not-x509.pem\"".to_owned(),
+            format!(
+                "brokers.main.ca_file: \"{d}/not-x509.pem\": 1 of its 1 PEM certificate(s) cannot be parsed as X.509"
+            ),
+        ),
+        (
+            "ca_file = \"client.key\"".to_owned(),
+            format!(
+                "brokers.main.ca_file: \"{d}/client.key\" holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
+            ),
+        ),
+        (
+            "client_cert_file = \"client.pem\"\nclient_key_file = \"other.key\"".to_owned(),
+            format!(
+                "brokers.main.client_key_file: \"{d}/other.key\" is not the private key of the certificate in \"{d}/client.pem\""
+            ),
+        ),
+        (
+            "client_cert_file = \"client.pem\"\nclient_key_file = \"client.pem\"".to_owned(),
+            format!(
+                "brokers.main.client_key_file: \"{d}/client.pem\" holds no PEM private key (-----BEGIN PRIVATE KEY-----)"
+            ),
+        ),
+        (
+            "client_cert_file = \"client.key\"\nclient_key_file = \"client.key\"".to_owned(),
+            format!(
+                "brokers.main.client_cert_file: \"{d}/client.key\" holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
+            ),
+        ),
+        (
+            format!("ca_file = \"{d}/absent.pem\""),
+            format!(
+                "brokers.main.ca_file: cannot read \"{d}/absent.pem\": No such file or directory (os error 2)"
+            ),
+        ),
+    ];
+    for (keys, expected) in cases {
+        match load_str(&tls_broker(&keys), origin) {
+            Ok(_) => panic!("expected an error for {keys}"),
+            Err(e) => assert_eq!(e.to_string(), format!("{origin}: {expected}")),
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]

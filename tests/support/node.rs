@@ -2,7 +2,8 @@
 //! never touch the shared broker (app restarts, memory alarms, policies).
 //!
 //! Each node has its own name, AMQP and distribution ports, configuration
-//! file (`listeners.tcp.local`, `loopback_users = none`), plugin file and
+//! file (`listeners.tcp.local`, `loopback_users = none`, and whatever a test
+//! adds with [`PrivateNode::start_with_conf`]), plugin file and
 //! data and log directories under a temporary base directory. It is stopped
 //! and its directory removed by [`PrivateNode::stop`] or on drop.
 
@@ -30,21 +31,35 @@ pub struct PrivateNode {
     dist_port: u16,
     base: PathBuf,
     stopped: bool,
+    /// A third free port, for a listener the test configures itself.
+    extra_port: u16,
+    /// Lines added to `rabbitmq.conf`.
+    extra_conf: String,
 }
 
 impl PrivateNode {
     /// Starts a node on free ports and waits until it accepts AMQP connections.
     pub async fn start() -> PrivateNode {
+        Self::start_with_conf(|_| String::new()).await
+    }
+
+    /// [`Self::start`] with the lines `extra(port)` returns added to the
+    /// node's `rabbitmq.conf`; `port` is a free port of the node's own
+    /// (a TLS listener, say), also given by [`Self::extra_port`].
+    pub async fn start_with_conf(extra: impl FnOnce(u16) -> String) -> PrivateNode {
         let id = uuid::Uuid::new_v4().simple().to_string();
         let name = format!("sy-{}@localhost", &id[..8]);
         let base = std::env::temp_dir().join(format!("sy-node-{}", &id[..8]));
         let (port, dist_port) = free_ports();
+        let extra_port = free_port(&[port, dist_port]);
         let node = PrivateNode {
             name,
             port,
             dist_port,
             base,
             stopped: false,
+            extra_port,
+            extra_conf: extra(extra_port),
         };
         node.write_files();
         node.launch();
@@ -55,6 +70,11 @@ impl PrivateNode {
     /// `amqp://guest:guest@127.0.0.1:<port>/%2f`.
     pub fn amqp_url(&self) -> String {
         format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
+    }
+
+    /// The free port handed to [`Self::start_with_conf`]'s configuration.
+    pub fn extra_port(&self) -> u16 {
+        self.extra_port
     }
 
     /// The node's AMQP listener.
@@ -276,8 +296,8 @@ impl PrivateNode {
         std::fs::write(
             self.base.join("rabbitmq.conf"),
             format!(
-                "listeners.tcp.local = 127.0.0.1:{}\nloopback_users = none\n",
-                self.port
+                "listeners.tcp.local = 127.0.0.1:{}\nloopback_users = none\n{}\n",
+                self.port, self.extra_conf
             ),
         )
         .unwrap_or_else(|e| panic!("write rabbitmq.conf: {e}"));
@@ -440,12 +460,19 @@ async fn run_ctl(args: &[&str]) -> Result<String, String> {
 /// drawn from 20000-32767: below Linux's ephemeral range, so an outgoing
 /// connection cannot take one between this check and the node's bind.
 fn free_ports() -> (u16, u16) {
-    let pick = |avoid: u16| loop {
+    let amqp = free_port(&[]);
+    (amqp, free_port(&[amqp]))
+}
+
+/// A free port in 20000-32767 other than those in `avoid` (see [`free_ports`]).
+fn free_port(avoid: &[u16]) -> u16 {
+    loop {
         let port = fastrand::u16(20000..32768);
-        if port != avoid && port != 25672 && StdTcpListener::bind(("127.0.0.1", port)).is_ok() {
+        if !avoid.contains(&port)
+            && port != 25672
+            && StdTcpListener::bind(("127.0.0.1", port)).is_ok()
+        {
             return port;
         }
-    };
-    let amqp = pick(0);
-    (amqp, pick(amqp))
+    }
 }
