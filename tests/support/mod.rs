@@ -1,7 +1,8 @@
 //! Shared support for switchyard's integration tests: a real-broker test
 //! client (`TestBroker`), polling helpers, `rabbitmqctl` wrappers, an
 //! in-process TCP fault-injection proxy (`FaultProxy`), a listener that
-//! never answers (`BlackHole`), and a private
+//! never answers (`BlackHole`), an HTTP client and metrics reader for the
+//! admin endpoint (`http_get`, `Metrics`), and a private
 //! RabbitMQ node (`PrivateNode`) for faults the shared broker must not see.
 //!
 //! Every test names all of its queues, exchanges and connections with a
@@ -11,6 +12,7 @@
 
 pub mod broker;
 pub mod harness;
+pub mod http;
 pub mod node;
 pub mod polling;
 pub mod proxy;
@@ -19,6 +21,8 @@ pub mod rabbitmqctl;
 // Each test binary uses a different part of the kit.
 #[allow(unused_imports)]
 pub use broker::*;
+#[allow(unused_imports)]
+pub use http::*;
 #[allow(unused_imports)]
 pub use node::*;
 #[allow(unused_imports)]
