@@ -102,8 +102,11 @@ fn summary(path: &std::path::Path, settings: &Settings) -> String {
         .values()
         .map(|b| format!("{} = {}", b.name, b.redacted_uri()))
         .collect();
+    let admin = settings
+        .admin_listen
+        .map_or_else(|| "disabled".to_owned(), |a| a.to_string());
     format!(
-        "{}: ok\ninbound: {} on {} (prefetch {})\ndead letters: {} via exchange \"{}\" key \"{}\"\nbrokers: {}\nfilter table:\n{}",
+        "{}: ok\ninbound: {} on {} (prefetch {})\ndead letters: {} via exchange \"{}\" key \"{}\"\nbrokers: {}\nadmin: {admin}\nfilter table:\n{}",
         path.display(),
         settings.inbound.queue,
         settings.inbound.broker,

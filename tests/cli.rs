@@ -129,6 +129,7 @@ fn check_prints_the_routing_table_without_the_password() {
         "primaryServiceQueue",
         "backupServiceQueue",
         "work.in",
+        "admin: 127.0.0.1:9090",
     ] {
         assert!(
             text.contains(needle),
