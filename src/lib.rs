@@ -16,15 +16,17 @@
 //! - [`pipeline`]: consume → route → deliver → settle.
 //! - [`broker`]: every lapin type: connections, confirm channels, the
 //!   consumer and its acks, topology.
-//! - [`telemetry`]: log events and metrics, named once.
+//! - [`telemetry`]: log events and metrics, named once, in a handle.
+//! - [`admin`]: the HTTP endpoint: `/healthz`, `/readyz`, `/metrics`.
 //! - [`dlq`]: `dlq inspect` and `dlq redrive`, the dead-letter queue read
 //!   in place.
 //!
 //! The binary is thin: it parses the command line, loads the configuration
-//! and calls [`run`].
+//! and calls [`run_with`].
 
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod broker;
 pub mod config;
 pub mod dlq;
@@ -33,25 +35,106 @@ pub mod pipeline;
 pub mod routing;
 pub mod telemetry;
 
-pub use pipeline::{Forwarder, RunError};
+pub use pipeline::{Forwarder, Readiness, RunError};
+pub use telemetry::Telemetry;
 
 use std::future::Future;
+use std::path::PathBuf;
 use tokio_util::sync::CancellationToken;
 
-/// Runs the forwarder on `settings` until `shutdown` completes, then stops
-/// consuming, drains in-flight transactions (bounded by
-/// `shutdown_timeout_ms`) and closes its connections.
+/// How to run a forwarder, beyond its configuration.
+#[derive(Debug, Default)]
+pub struct Options {
+    /// Where its metrics are kept and its events logged from.
+    pub telemetry: Telemetry,
+    /// A broker that refuses the credentials or the vhost at start ends the
+    /// run with [`RunError::Refused`] instead of being retried.
+    pub fail_fast: bool,
+    /// The configuration file, named in the startup summary.
+    pub config_file: Option<PathBuf>,
+    /// An admin listener already bound, used instead of `admin.listen`.
+    pub admin: Option<std::net::TcpListener>,
+}
+
+/// Runs the forwarder on `settings` with default [`Options`] until
+/// `shutdown` completes, then stops consuming, drains in-flight transactions
+/// (bounded by `shutdown_timeout_ms`) and closes its connections.
 pub async fn run(
     settings: config::Settings,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
+    run_with(settings, Options::default(), shutdown).await
+}
+
+/// [`run`] with `options`: logs the startup summary, serves the admin
+/// endpoint (when `admin.listen` is set or a listener is given) for as long
+/// as the forwarder runs, and stops it with the forwarder.
+pub async fn run_with(
+    settings: config::Settings,
+    options: Options,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), RunError> {
+    let admin_error = |e: admin::AdminError| RunError::Admin(e.to_string());
+    let admin = match (options.admin, settings.admin_listen) {
+        (Some(listener), _) => Some(admin::Admin::from_std(listener).map_err(admin_error)?),
+        (None, Some(addr)) => Some(admin::Admin::bind(addr).await.map_err(admin_error)?),
+        (None, None) => None,
+    };
+    let telemetry = options.telemetry;
+    telemetry.starting(&startup_summary(
+        &settings,
+        options.config_file.as_deref(),
+        admin.as_ref().map(admin::Admin::local_addr),
+    ));
     let token = CancellationToken::new();
     let trigger = token.clone();
     let signal = tokio::spawn(async move {
         shutdown.await;
         trigger.cancel();
     });
-    let result = Forwarder::new(settings).run(token).await;
+    let forwarder = Forwarder::new(settings, telemetry.clone()).fail_fast(options.fail_fast);
+    let admin_stop = CancellationToken::new();
+    let server = admin.map(|admin| {
+        tokio::spawn(admin.serve(telemetry, forwarder.readiness(), admin_stop.clone()))
+    });
+    let result = forwarder.run(token).await;
+    admin_stop.cancel();
+    if let Some(server) = server {
+        let _ = server.await;
+    }
     signal.abort();
     result
+}
+
+fn startup_summary<'a>(
+    settings: &config::Settings,
+    config_file: Option<&'a std::path::Path>,
+    admin: Option<std::net::SocketAddr>,
+) -> telemetry::StartupSummary<'a> {
+    let brokers: Vec<String> = settings
+        .brokers
+        .values()
+        .map(|b| format!("{}={}", b.name, b.redacted_uri()))
+        .collect();
+    let branches: Vec<String> = settings
+        .routing
+        .branch_endpoints()
+        .map(|(name, endpoints)| {
+            let list: Vec<&str> = endpoints.iter().map(|e| e.name.as_str()).collect();
+            format!("{name}: {}", list.join(" -> "))
+        })
+        .collect();
+    let dl = &settings.dead_letter;
+    telemetry::StartupSummary {
+        config_file,
+        brokers: brokers.join(", "),
+        inbound: format!("{} on {}", settings.inbound.queue, settings.inbound.broker),
+        prefetch: settings.inbound.prefetch,
+        branches: branches.join("; "),
+        dead_letter: format!(
+            "{} via exchange \"{}\" key \"{}\"",
+            dl.mode, dl.exchange, dl.routing_key
+        ),
+        admin: admin.map_or_else(|| "disabled".to_owned(), |a| a.to_string()),
+    }
 }

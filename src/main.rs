@@ -9,7 +9,7 @@
 mod cli;
 
 use clap::Parser;
-use cli::{Cli, Command};
+use cli::{Cli, Command, LogFormat};
 use std::process::ExitCode;
 use switchyard::config::{self, Settings};
 
@@ -58,14 +58,37 @@ fn main() -> ExitCode {
             }
             Err(code) => code,
         },
-        Command::Run { config } => match load(config) {
-            Ok((_, settings)) => run(settings),
-            Err(code) => code,
-        },
+        Command::Run { config, fail_fast } => {
+            init_tracing(cli.log_format);
+            let path = config::config_path(config);
+            match config::load(&path) {
+                Ok(settings) => {
+                    let options = switchyard::Options {
+                        fail_fast,
+                        config_file: Some(path),
+                        ..Default::default()
+                    };
+                    run(settings, options, cli.log_format)
+                }
+                Err(e) => {
+                    report(cli.log_format, &e.to_string());
+                    ExitCode::from(EXIT_USAGE)
+                }
+            }
+        }
         Command::Dlq(command) => match load(command.select().config.clone()) {
             Ok((path, settings)) => dlq(&path, settings, command),
             Err(code) => code,
         },
+    }
+}
+
+/// Says why `run` ends in failure: one line on stderr, or in JSON mode one
+/// error event, so that every line stays a JSON object.
+fn report(format: LogFormat, error: &str) {
+    match format {
+        LogFormat::Text => eprintln!("switchyard: {error}"),
+        LogFormat::Json => tracing::error!(error, "switchyard stopped"),
     }
 }
 
@@ -83,8 +106,11 @@ fn summary(path: &std::path::Path, settings: &Settings) -> String {
         .values()
         .map(|b| format!("{} = {}", b.name, b.redacted_uri()))
         .collect();
+    let admin = settings
+        .admin_listen
+        .map_or_else(|| "disabled".to_owned(), |a| a.to_string());
     format!(
-        "{}: ok\ninbound: {} on {} (prefetch {})\ndead letters: {} via exchange \"{}\" key \"{}\"\nbrokers: {}\nfilter table:\n{}",
+        "{}: ok\ninbound: {} on {} (prefetch {})\ndead letters: {} via exchange \"{}\" key \"{}\"\nbrokers: {}\nadmin: {admin}\nfilter table:\n{}",
         path.display(),
         settings.inbound.queue,
         settings.inbound.broker,
@@ -97,8 +123,7 @@ fn summary(path: &std::path::Path, settings: &Settings) -> String {
     )
 }
 
-fn run(settings: Settings) -> ExitCode {
-    init_tracing();
+fn run(settings: Settings, options: switchyard::Options, format: LogFormat) -> ExitCode {
     ensure_thread_stack();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -107,19 +132,21 @@ fn run(settings: Settings) -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("switchyard: cannot start the runtime: {e}");
+            report(format, &format!("cannot start the runtime: {e}"));
             return ExitCode::from(EXIT_FAILURE);
         }
     };
     // On a worker, not on the main thread, whose stack is the system's.
-    let forwarder = runtime.spawn(switchyard::run(settings, shutdown_signal()));
+    let forwarder = runtime.spawn(switchyard::run_with(settings, options, shutdown_signal()));
     let error = match runtime.block_on(forwarder) {
         Ok(Ok(())) => return ExitCode::SUCCESS,
         Ok(Err(e)) => e.to_string(),
         Err(e) => format!("the forwarder task failed: {e}"),
     };
-    tracing::error!(error = %error, "switchyard stopped");
-    eprintln!("switchyard: {error}");
+    if format == LogFormat::Text {
+        tracing::error!(error = %error, "switchyard stopped");
+    }
+    report(format, &error);
     ExitCode::from(EXIT_FAILURE)
 }
 
@@ -206,14 +233,31 @@ fn ensure_thread_stack() {
     );
 }
 
-fn init_tracing() {
+/// Logs to stderr in `format`, at the levels `RUST_LOG` asks for (info by
+/// default), without the AMQP library's own warnings and errors
+/// ([`switchyard::telemetry::library_event_allowed`]).
+fn init_tracing(format: LogFormat) {
+    use tracing_subscriber::prelude::*;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    let library =
+        tracing_subscriber::filter::filter_fn(switchyard::telemetry::library_event_allowed);
+    let lines = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let registry = tracing_subscriber::registry().with(filter).with(library);
+    match format {
+        LogFormat::Text => registry
+            .with(lines.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())))
+            .init(),
+        LogFormat::Json => registry
+            .with(
+                lines
+                    .json()
+                    .flatten_event(true)
+                    .with_current_span(false)
+                    .with_span_list(false),
+            )
+            .init(),
+    }
 }
 
 /// Completes on SIGINT or SIGTERM. SIGHUP, which would otherwise end the

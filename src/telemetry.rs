@@ -1,308 +1,736 @@
-//! Log events and metrics, named once. Every decision the forwarder makes
-//! (a failover, a dead letter, a reconnect) is one function here that logs
-//! one event, with message_id, branch and endpoint where they apply, and
-//! counts it. [`render`] writes the counters in the Prometheus text format.
+//! Log events and metrics, named once, held in a [`Telemetry`] handle.
+//!
+//! A forwarder gets one handle when it is built and passes clones of it to
+//! every stage that emits: connectors, publishers, endpoint health,
+//! deliveries, settlement, the consumer. Every decision the forwarder makes
+//! (a failover, a dead letter, a reconnect) is one method here that logs one
+//! event, with message_id, branch and endpoint where they apply, and counts
+//! it. Nothing is global: two forwarders in one process keep separate
+//! metrics.
+//!
+//! Metrics live in a `prometheus-client` registry and [`Telemetry::render`]
+//! writes them in the Prometheus text format (SPEC section 7). Labels are
+//! only names from the configuration (branches, endpoints, dead-letter
+//! reasons), never anything a message carries, so every series is bounded.
+//! On the hot path counting a forwarded copy is an atomic increment behind a
+//! read lock, with no allocation once the series exists.
+//!
+//! Logs never carry a message body or a header value, only message ids and
+//! the names of branches, endpoints and brokers. The client library's own
+//! warnings and errors are kept out of the log ([`library_event_allowed`]):
+//! one of them dumps every returned message whole, others announce giving up
+//! while switchyard goes on retrying; each condition they report is logged
+//! here in switchyard's words.
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{LazyLock, Mutex};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use std::collections::HashMap;
+use std::fmt::Display;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-static CONSUMED: AtomicU64 = AtomicU64::new(0);
-static IN_FLIGHT: AtomicI64 = AtomicI64::new(0);
-static CONFIG_GENERATION: AtomicU64 = AtomicU64::new(0);
-/// metric -> rendered labels -> count.
-static LABELLED: LazyLock<Mutex<Labelled>> = LazyLock::new(|| Mutex::new(Labelled::default()));
+/// The `Content-Type` of [`Telemetry::render`]'s output.
+pub const METRICS_CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
-/// gauge -> rendered labels -> value (endpoint health).
-static GAUGES: LazyLock<Mutex<BTreeMap<&'static str, BTreeMap<String, i64>>>> =
-    LazyLock::new(|| Mutex::new(BTreeMap::new()));
+/// Upper bounds of the confirm-latency buckets, in seconds: from a fast
+/// local broker (well under a millisecond) to a confirm timeout.
+const CONFIRM_BUCKETS: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
 
-fn gauge(metric: &'static str, labels: String, value: i64) {
-    let mut guard = GAUGES.lock().unwrap_or_else(|e| e.into_inner());
-    guard.entry(metric).or_default().insert(labels, value);
+/// Crates whose own log events at info, warn and error are dropped.
+const LIBRARIES: [&str; 2] = ["lapin", "amq_protocol"];
+
+/// Whether an event or span may reach the log: everything except the AMQP
+/// client library's own info, warn and error events, which may carry a whole
+/// returned message (body and headers) or contradict what switchyard does
+/// next. Its debug and trace events stay available through `RUST_LOG`.
+pub fn library_event_allowed(meta: &tracing::Metadata<'_>) -> bool {
+    let library = LIBRARIES.iter().any(|l| {
+        meta.target()
+            .strip_prefix(l)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with("::"))
+    });
+    !(library && meta.is_event() && *meta.level() <= tracing::Level::INFO)
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RouteLabels {
+    branch: Arc<str>,
+    endpoint: Arc<str>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct FailoverLabels {
+    branch: String,
+    from: String,
+    to: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct EndpointLabels {
+    endpoint: String,
+}
+
+/// Branch -> endpoint -> counter.
+type ByRoute = HashMap<Arc<str>, HashMap<Arc<str>, Counter>>;
+
+/// Counters labelled by branch and endpoint, found by `&str` without
+/// allocating once a series exists.
 #[derive(Default)]
-struct Labelled {
-    counts: BTreeMap<&'static str, BTreeMap<String, u64>>,
-    /// Reused to render labels, so counting an existing series allocates
-    /// nothing (it runs once per forwarded copy).
-    scratch: String,
+struct RouteCounters {
+    family: Family<RouteLabels, Counter>,
+    cache: RwLock<ByRoute>,
 }
 
-fn count(metric: &'static str, labels: std::fmt::Arguments<'_>) {
-    let mut guard = LABELLED.lock().unwrap_or_else(|e| e.into_inner());
-    let Labelled { counts, scratch } = &mut *guard;
-    scratch.clear();
-    let _ = scratch.write_fmt(labels);
-    let series = counts.entry(metric).or_default();
-    match series.get_mut(scratch.as_str()) {
-        Some(n) => *n += 1,
-        None => {
-            series.insert(scratch.clone(), 1);
+impl RouteCounters {
+    fn inc(&self, branch: &str, endpoint: &str) {
+        {
+            let cache = self.cache.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(counter) = cache.get(branch).and_then(|m| m.get(endpoint)) {
+                counter.inc();
+                return;
+            }
         }
+        self.get(branch, endpoint).inc();
+    }
+
+    /// The series, created (at zero) if need be.
+    fn get(&self, branch: &str, endpoint: &str) -> Counter {
+        let labels = RouteLabels {
+            branch: branch.into(),
+            endpoint: endpoint.into(),
+        };
+        let counter = self.family.get_or_create_owned(&labels);
+        let mut cache = self.cache.write().unwrap_or_else(|e| e.into_inner());
+        cache
+            .entry(labels.branch)
+            .or_default()
+            .insert(labels.endpoint, counter.clone());
+        counter
     }
 }
 
-/// A message was taken from the inbound queue.
-pub fn consumed() {
-    CONSUMED.fetch_add(1, Ordering::Relaxed);
+struct Metrics {
+    registry: Registry,
+    consumed: Counter,
+    forwarded: RouteCounters,
+    retries: RouteCounters,
+    failovers: Family<FailoverLabels, Counter>,
+    dead_lettered: Family<ReasonLabels, Counter>,
+    confirm_seconds: Histogram,
+    in_flight: Gauge,
+    sessions_open: Gauge,
+    endpoint_up: Family<EndpointLabels, Gauge>,
+    config_generation: Gauge,
 }
 
-/// A transaction started (+1) or ended (-1).
-pub fn in_flight(delta: i64) {
-    IN_FLIGHT.fetch_add(delta, Ordering::Relaxed);
+impl Metrics {
+    fn new() -> Self {
+        let mut metrics = Self {
+            registry: Registry::default(),
+            consumed: Counter::default(),
+            forwarded: RouteCounters::default(),
+            retries: RouteCounters::default(),
+            failovers: Family::default(),
+            dead_lettered: Family::default(),
+            confirm_seconds: Histogram::new(CONFIRM_BUCKETS),
+            in_flight: Gauge::default(),
+            sessions_open: Gauge::default(),
+            endpoint_up: Family::default(),
+            config_generation: Gauge::default(),
+        };
+        let r = &mut metrics.registry;
+        // Counters are registered without `_total`: the encoder appends it.
+        r.register(
+            "switchyard_messages_consumed",
+            "Messages taken from the inbound queue",
+            metrics.consumed.clone(),
+        );
+        r.register(
+            "switchyard_messages_forwarded",
+            "Copies confirmed by an endpoint, by branch and endpoint",
+            metrics.forwarded.family.clone(),
+        );
+        r.register(
+            "switchyard_endpoint_retries",
+            "Attempts repeated on the same endpoint (endpoints.X.retries), by branch and endpoint",
+            metrics.retries.family.clone(),
+        );
+        r.register(
+            "switchyard_failovers",
+            "Branches that moved from one endpoint of their list to the next",
+            metrics.failovers.clone(),
+        );
+        r.register(
+            "switchyard_dead_lettered",
+            "Messages dead-lettered, by reason",
+            metrics.dead_lettered.clone(),
+        );
+        r.register(
+            "switchyard_confirm_seconds",
+            "Time from publishing a copy to its confirm, per confirmed copy",
+            metrics.confirm_seconds.clone(),
+        );
+        r.register(
+            "switchyard_in_flight",
+            "Inbound messages whose transaction has not ended",
+            metrics.in_flight.clone(),
+        );
+        r.register(
+            "switchyard_sessions_open",
+            "Sessions open now",
+            metrics.sessions_open.clone(),
+        );
+        r.register(
+            "switchyard_endpoint_up",
+            "1 while an endpoint is used, 0 while it is down and probed",
+            metrics.endpoint_up.clone(),
+        );
+        r.register(
+            "switchyard_config_generation",
+            "Generation of the routing configuration now live (0 before the first)",
+            metrics.config_generation.clone(),
+        );
+        metrics
+    }
 }
 
-/// The routing configuration now live.
-pub fn config_loaded(generation: u64, branches: usize) {
-    CONFIG_GENERATION.store(generation, Ordering::Relaxed);
-    tracing::info!(generation, branches, "routing configuration live");
+/// The forwarder's log events and metrics. Cheap to clone: one `Arc`.
+#[derive(Clone)]
+pub struct Telemetry {
+    metrics: Arc<Metrics>,
 }
 
-/// A branch's copy was confirmed by `endpoint`.
-pub fn forwarded(message_id: &str, branch: &str, endpoint: &str) {
-    tracing::debug!(message_id, branch, endpoint, "delivered");
-    count(
-        "switchyard_messages_forwarded_total",
-        format_args!("branch=\"{branch}\",endpoint=\"{endpoint}\""),
-    );
+impl Default for Telemetry {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
-/// An attempt on `endpoint` failed and the endpoint will be tried again.
-pub fn retry(message_id: &str, branch: &str, endpoint: &str, error: &dyn std::fmt::Display) {
-    tracing::info!(message_id, branch, endpoint, %error, "retrying endpoint");
-    count(
-        "switchyard_endpoint_retries_total",
-        format_args!("branch=\"{branch}\",endpoint=\"{endpoint}\""),
-    );
+impl std::fmt::Debug for Telemetry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Telemetry").finish_non_exhaustive()
+    }
 }
 
-/// A branch leaves `from` for `to` (`None`: its list is exhausted).
-pub fn failover(
-    message_id: &str,
-    branch: &str,
-    from: &str,
-    to: Option<&str>,
-    error: &dyn std::fmt::Display,
-) {
-    match to {
-        Some(to) => {
-            tracing::warn!(message_id, branch, endpoint = from, next = to, %error, "failover");
-            count(
-                "switchyard_failovers_total",
-                format_args!("branch=\"{branch}\",from=\"{from}\",to=\"{to}\""),
+/// What the startup summary says.
+#[derive(Debug)]
+pub struct StartupSummary<'a> {
+    /// The configuration file, when there is one.
+    pub config_file: Option<&'a std::path::Path>,
+    /// `name = uri` per broker, passwords masked.
+    pub brokers: String,
+    /// The inbound queue and its broker.
+    pub inbound: String,
+    /// `inbound.prefetch`.
+    pub prefetch: u16,
+    /// `branch: endpoint -> backup ...` per branch.
+    pub branches: String,
+    /// The dead-letter mode, exchange and routing key.
+    pub dead_letter: String,
+    /// The admin listener's address, or `disabled`.
+    pub admin: String,
+}
+
+impl Telemetry {
+    /// A handle with every metric at zero.
+    pub fn new() -> Self {
+        Self {
+            metrics: Arc::new(Metrics::new()),
+        }
+    }
+
+    /// Every metric in the Prometheus text format ([`METRICS_CONTENT_TYPE`]).
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ =
+            prometheus_client::encoding::prometheus_text::encode(&mut out, &self.metrics.registry);
+        out
+    }
+
+    /// The forwarder starts: what it runs with.
+    pub fn starting(&self, summary: &StartupSummary<'_>) {
+        let config = summary
+            .config_file
+            .map_or_else(|| "-".into(), |p| p.display().to_string());
+        tracing::info!(
+            version = env!("CARGO_PKG_VERSION"),
+            config = config.as_str(),
+            brokers = summary.brokers.as_str(),
+            inbound = summary.inbound.as_str(),
+            prefetch = summary.prefetch,
+            branches = summary.branches.as_str(),
+            dead_letter = summary.dead_letter.as_str(),
+            admin = summary.admin.as_str(),
+            "starting"
+        );
+    }
+
+    /// A message was taken from the inbound queue.
+    pub fn consumed(&self) {
+        self.metrics.consumed.inc();
+    }
+
+    /// A transaction started.
+    pub fn transaction_started(&self) {
+        self.metrics.in_flight.inc();
+    }
+
+    /// A transaction ended (settled, or abandoned to be redelivered).
+    pub fn transaction_ended(&self) {
+        self.metrics.in_flight.dec();
+    }
+
+    /// Starts the series of a branch at zero, so that they are exposed
+    /// before anything happens: forwarded copies per endpoint of its list,
+    /// and failovers from each endpoint to the next.
+    pub fn branch_known(&self, branch: &str, endpoints: &[&str]) {
+        for endpoint in endpoints {
+            let _ = self.metrics.forwarded.get(branch, endpoint);
+        }
+        for pair in endpoints.windows(2) {
+            let _ = self.metrics.failovers.get_or_create(&FailoverLabels {
+                branch: branch.to_owned(),
+                from: pair[0].to_owned(),
+                to: pair[1].to_owned(),
+            });
+        }
+    }
+
+    /// Starts the dead-letter series of `reason` at zero.
+    pub fn reason_known(&self, reason: &str) {
+        let _ = self.metrics.dead_lettered.get_or_create(&ReasonLabels {
+            reason: reason.to_owned(),
+        });
+    }
+
+    /// The routing configuration now live.
+    pub fn config_loaded(&self, generation: u64, branches: usize) {
+        self.metrics
+            .config_generation
+            .set(i64::try_from(generation).unwrap_or(i64::MAX));
+        tracing::info!(generation, branches, "routing configuration live");
+    }
+
+    /// A copy published to `endpoint` was confirmed after `elapsed`.
+    pub fn confirmed(&self, elapsed: Duration) {
+        self.metrics.confirm_seconds.observe(elapsed.as_secs_f64());
+    }
+
+    /// A branch's copy was confirmed by `endpoint`.
+    pub fn forwarded(&self, message_id: &str, branch: &str, endpoint: &str) {
+        tracing::debug!(message_id, branch, endpoint, "delivered");
+        self.metrics.forwarded.inc(branch, endpoint);
+    }
+
+    /// An attempt on `endpoint` failed and the endpoint will be tried again.
+    pub fn retry(&self, message_id: &str, branch: &str, endpoint: &str, error: &dyn Display) {
+        tracing::info!(message_id, branch, endpoint, %error, "retrying endpoint");
+        self.metrics.retries.inc(branch, endpoint);
+    }
+
+    /// A branch leaves `from` for `to` (`None`: its list is exhausted).
+    pub fn failover(
+        &self,
+        message_id: &str,
+        branch: &str,
+        from: &str,
+        to: Option<&str>,
+        error: &dyn Display,
+    ) {
+        match to {
+            Some(to) => {
+                tracing::warn!(message_id, branch, endpoint = from, next = to, %error, "failover");
+                self.metrics
+                    .failovers
+                    .get_or_create(&FailoverLabels {
+                        branch: branch.to_owned(),
+                        from: from.to_owned(),
+                        to: to.to_owned(),
+                    })
+                    .inc();
+            }
+            None => {
+                tracing::warn!(message_id, branch, endpoint = from, %error, "backup list exhausted")
+            }
+        }
+    }
+
+    /// A message was dead-lettered.
+    pub fn dead_lettered(
+        &self,
+        message_id: &str,
+        reason: &str,
+        error: &str,
+        failed: &[String],
+        delivered: &[String],
+        how: &str,
+    ) {
+        tracing::warn!(
+            message_id,
+            reason,
+            error,
+            failed = ?failed,
+            delivered = ?delivered,
+            how,
+            "dead-lettered"
+        );
+        self.metrics
+            .dead_lettered
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    /// A dead-letter copy was not confirmed; the original stays unacked and
+    /// the copy is tried again after `retry_in`.
+    pub fn dead_letter_retry(
+        &self,
+        message_id: &str,
+        reason: &str,
+        error: &dyn Display,
+        retry_in: Duration,
+    ) {
+        tracing::error!(
+            message_id,
+            reason,
+            %error,
+            retry_in_ms = millis(retry_in),
+            "dead letter not confirmed; original kept unacked, retrying"
+        );
+    }
+
+    /// The broker refused the dead-letter copy itself: it is sent again
+    /// without the producer's headers and user_id.
+    pub fn dead_letter_reduced(&self, message_id: &str, reason: &str, error: &str) {
+        tracing::warn!(
+            message_id,
+            reason,
+            error,
+            "dead letter refused as it is; sending it without the producer's headers"
+        );
+    }
+
+    /// A transaction stopped because its inbound channel was lost; the
+    /// broker redelivers the message.
+    pub fn abandoned(&self, message_id: &str) {
+        tracing::info!(
+            message_id,
+            "inbound channel lost; the broker will redeliver this message"
+        );
+    }
+
+    /// A broker could not be reached.
+    pub fn broker_unreachable(&self, broker: &str, uri: &str, error: &str, retry_in: Duration) {
+        tracing::warn!(
+            broker,
+            uri,
+            error,
+            retry_in_ms = millis(retry_in),
+            "broker unreachable"
+        );
+    }
+
+    /// A broker is reachable again.
+    pub fn broker_reconnected(&self, broker: &str, uri: &str) {
+        tracing::info!(broker, uri, "broker reconnected");
+    }
+
+    /// A broker refused the credentials or the vhost: only a configuration
+    /// (or broker) change helps; `reason` says what to fix.
+    pub fn broker_refused(&self, broker: &str, uri: &str, reason: &str, retry_in: Duration) {
+        tracing::error!(
+            broker,
+            uri,
+            reason,
+            retry_in_ms = millis(retry_in),
+            "broker refused the connection"
+        );
+    }
+
+    /// A broker blocked publishing (resource alarm): publishes wait,
+    /// consuming pauses.
+    pub fn broker_blocked(&self, broker: &str, reason: &str) {
+        tracing::warn!(
+            broker,
+            reason,
+            "broker blocked publishing (resource alarm); waiting, consuming paused"
+        );
+    }
+
+    /// A broker lifted its publishing block.
+    pub fn broker_unblocked(&self, broker: &str) {
+        tracing::info!(broker, "broker unblocked publishing; resuming");
+    }
+
+    /// The inbound broker is not reachable yet at startup; retried.
+    pub fn startup_retry(&self, error: &dyn Display, retry_in: Duration) {
+        tracing::warn!(%error, retry_in_ms = millis(retry_in), "inbound broker not ready");
+    }
+
+    /// An endpoint's queue could not be declared at startup.
+    pub fn endpoint_queue_undeclared(&self, endpoint: &str, error: &dyn Display) {
+        tracing::warn!(
+            endpoint,
+            %error,
+            "could not declare the endpoint's queue; its branches will fail over until it is reachable"
+        );
+    }
+
+    /// An endpoint's channel was dropped and will be reopened.
+    pub fn channel_reset(&self, endpoint: &str, why: &str) {
+        tracing::warn!(endpoint, why, "reopening publish channel");
+    }
+
+    /// A `basic.return` named a publish whose outcome was already decided.
+    pub fn late_return(&self, endpoint: &str, publish_id: u64) {
+        tracing::warn!(endpoint, publish_id, "return for a publish already settled");
+    }
+
+    /// An endpoint was registered; it starts up.
+    pub fn endpoint_registered(&self, endpoint: &str) {
+        self.endpoint_gauge(endpoint, true);
+    }
+
+    /// An endpoint failed at the connection or channel level: new messages
+    /// skip it until a probe finds it working.
+    pub fn endpoint_down(&self, endpoint: &str, why: crate::broker::Down, error: &dyn Display) {
+        let level = match why {
+            crate::broker::Down::Connection => "connection",
+            crate::broker::Down::Channel => "channel",
+        };
+        tracing::warn!(endpoint, level, %error, "endpoint down; skipping it and probing");
+        self.endpoint_gauge(endpoint, false);
+    }
+
+    /// A probe or a publish found a down endpoint working again.
+    pub fn endpoint_recovered(&self, endpoint: &str) {
+        tracing::info!(endpoint, "endpoint up again; traffic returns to it");
+        self.endpoint_gauge(endpoint, true);
+    }
+
+    fn endpoint_gauge(&self, endpoint: &str, up: bool) {
+        self.metrics
+            .endpoint_up
+            .get_or_create(&EndpointLabels {
+                endpoint: endpoint.to_owned(),
+            })
+            .set(i64::from(up));
+    }
+
+    /// The broker refused a message itself (size, frame, user_id): it is
+    /// dead-lettered; the messages in flight with it are retried.
+    pub fn rejected(&self, message_id: &str, branch: &str, endpoint: &str, error: &dyn Display) {
+        tracing::warn!(message_id, branch, endpoint, %error, "message refused by the broker");
+    }
+
+    /// A channel closed under publishes in a way one message may have
+    /// caused; this one is retried alone on the same endpoint to find out.
+    pub fn isolating(&self, message_id: &str, branch: &str, endpoint: &str, error: &dyn Display) {
+        tracing::info!(message_id, branch, endpoint, %error, "retrying alone on the same endpoint");
+    }
+
+    /// Every endpoint of a branch with `outage = "wait"` is unreachable: the
+    /// message is held and consuming pauses until one recovers.
+    pub fn outage_wait(&self, message_id: &str, branch: &str) {
+        tracing::warn!(
+            message_id,
+            branch,
+            "every endpoint unreachable; holding the message until one recovers"
+        );
+    }
+
+    /// A branch that waited out an outage tries its list again.
+    pub fn outage_over(&self, message_id: &str, branch: &str) {
+        tracing::info!(message_id, branch, "outage over; trying the list again");
+    }
+
+    /// The inbound consumer was lost and is being reopened.
+    pub fn consumer_lost(&self, queue: &str, error: &str) {
+        tracing::warn!(queue, error, "inbound consumer lost; reconnecting");
+    }
+
+    /// The inbound consumer is (again) consuming.
+    pub fn consuming(&self, queue: &str, prefetch: u16) {
+        tracing::info!(queue, prefetch, "consuming");
+    }
+
+    /// The shutdown bound ran out with transactions unfinished.
+    pub fn shutdown_bound_reached(&self, in_flight: usize, bound: Duration) {
+        tracing::warn!(
+            in_flight,
+            bound_ms = millis(bound),
+            "shutdown bound reached; unfinished messages go back to the queue"
+        );
+    }
+
+    /// The forwarder has stopped.
+    pub fn stopped(&self) {
+        tracing::info!("stopped");
+    }
+
+    /// The admin endpoint listens.
+    pub fn admin_listening(&self, addr: std::net::SocketAddr) {
+        tracing::info!(%addr, "admin endpoint listening: /healthz /readyz /metrics");
+    }
+
+    /// An admin connection failed (a client that went away, a malformed request).
+    pub fn admin_connection_failed(&self, error: &dyn Display) {
+        tracing::debug!(%error, "admin connection failed");
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Telemetry;
+    use std::time::Duration;
+
+    fn sample(text: &str, series: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    #[test]
+    fn every_spec_metric_is_exposed_from_the_start() {
+        let telemetry = Telemetry::new();
+        telemetry.branch_known("service", &["primary", "backup"]);
+        telemetry.reason_known("no-route");
+        telemetry.endpoint_registered("primary");
+        let text = telemetry.render();
+        for name in [
+            "switchyard_messages_consumed_total",
+            "switchyard_messages_forwarded_total",
+            "switchyard_failovers_total",
+            "switchyard_dead_lettered_total",
+            "switchyard_confirm_seconds",
+            "switchyard_in_flight",
+            "switchyard_sessions_open",
+            "switchyard_endpoint_up",
+            "switchyard_config_generation",
+        ] {
+            assert!(
+                text.contains(&format!("# TYPE {name} ")),
+                "{name} in\n{text}"
             );
         }
-        None => {
-            tracing::warn!(message_id, branch, endpoint = from, %error, "backup list exhausted")
-        }
+        assert_eq!(
+            sample(&text, "switchyard_messages_consumed_total"),
+            Some(0.0)
+        );
+        assert_eq!(sample(&text, "switchyard_confirm_seconds_count"), Some(0.0));
     }
-}
 
-/// A message was dead-lettered.
-pub fn dead_lettered(
-    message_id: &str,
-    reason: &str,
-    error: &str,
-    failed: &[String],
-    delivered: &[String],
-    how: &str,
-) {
-    tracing::warn!(
-        message_id,
-        reason,
-        error,
-        failed = ?failed,
-        delivered = ?delivered,
-        how,
-        "dead-lettered"
-    );
-    count(
-        "switchyard_dead_lettered_total",
-        format_args!("reason=\"{reason}\""),
-    );
-}
-
-/// A dead-letter copy was not confirmed; the original stays unacked and the
-/// copy is tried again after `retry_in`.
-pub fn dead_letter_retry(
-    message_id: &str,
-    reason: &str,
-    error: &dyn std::fmt::Display,
-    retry_in: Duration,
-) {
-    tracing::error!(
-        message_id,
-        reason,
-        %error,
-        retry_in_ms = retry_in.as_millis() as u64,
-        "dead letter not confirmed; original kept unacked, retrying"
-    );
-}
-
-/// The broker refused the dead-letter copy itself: it is sent again without
-/// the producer's headers and user_id.
-pub fn dead_letter_reduced(message_id: &str, reason: &str, error: &str) {
-    tracing::warn!(
-        message_id,
-        reason,
-        error,
-        "dead letter refused as it is; sending it without the producer's headers"
-    );
-}
-
-/// A transaction stopped because its inbound channel was lost; the broker
-/// redelivers the message.
-pub fn abandoned(message_id: &str) {
-    tracing::info!(
-        message_id,
-        "inbound channel lost; the broker will redeliver this message"
-    );
-}
-
-/// A broker could not be reached.
-pub fn broker_unreachable(broker: &str, uri: &str, error: &str, retry_in: Duration) {
-    tracing::warn!(
-        broker,
-        uri,
-        error,
-        retry_in_ms = retry_in.as_millis() as u64,
-        "broker unreachable"
-    );
-}
-
-/// A broker is reachable again.
-pub fn broker_reconnected(broker: &str, uri: &str) {
-    tracing::info!(broker, uri, "broker reconnected");
-}
-
-/// An endpoint's channel was dropped and will be reopened.
-pub fn channel_reset(endpoint: &str, why: &str) {
-    tracing::warn!(endpoint, why, "reopening publish channel");
-}
-
-/// A `basic.return` named a publish whose outcome was already decided.
-pub fn late_return(endpoint: &str, publish_id: u64) {
-    tracing::warn!(endpoint, publish_id, "return for a publish already settled");
-}
-
-/// An endpoint's health changed, or it was registered (up).
-pub fn endpoint_up(endpoint: &str, up: bool) {
-    gauge(
-        "switchyard_endpoint_up",
-        format!("endpoint=\"{endpoint}\""),
-        i64::from(up),
-    );
-}
-
-/// An endpoint failed at the connection or channel level: new messages skip
-/// it until a probe finds it working.
-pub fn endpoint_down(endpoint: &str, why: crate::broker::Down, error: &dyn std::fmt::Display) {
-    let level = match why {
-        crate::broker::Down::Connection => "connection",
-        crate::broker::Down::Channel => "channel",
-    };
-    tracing::warn!(endpoint, level, %error, "endpoint down; skipping it and probing");
-    endpoint_up(endpoint, false);
-}
-
-/// A probe or a publish found a down endpoint working again.
-pub fn endpoint_recovered(endpoint: &str) {
-    tracing::info!(endpoint, "endpoint up again; traffic returns to it");
-    endpoint_up(endpoint, true);
-}
-
-/// A broker refused the credentials or vhost: only a configuration change helps.
-pub fn broker_refused(broker: &str, uri: &str, reason: &str) {
-    tracing::error!(broker, uri, reason, "broker refused the connection");
-}
-
-/// A broker blocked publishing (resource alarm): publishes wait, consuming pauses.
-pub fn broker_blocked(broker: &str, reason: &str) {
-    tracing::warn!(
-        broker,
-        reason,
-        "broker blocked publishing (resource alarm); waiting, consuming paused"
-    );
-}
-
-/// A broker lifted its publishing block.
-pub fn broker_unblocked(broker: &str) {
-    tracing::info!(broker, "broker unblocked publishing; resuming");
-}
-
-/// The broker refused a message itself (size, frame, user_id): it is
-/// dead-lettered; the messages in flight with it are retried.
-pub fn rejected(message_id: &str, branch: &str, endpoint: &str, error: &dyn std::fmt::Display) {
-    tracing::warn!(message_id, branch, endpoint, %error, "message refused by the broker");
-}
-
-/// A channel closed under publishes in a way one message may have caused;
-/// this one is retried alone on the same endpoint to find out.
-pub fn isolating(message_id: &str, branch: &str, endpoint: &str, error: &dyn std::fmt::Display) {
-    tracing::info!(message_id, branch, endpoint, %error, "retrying alone on the same endpoint");
-}
-
-/// Every endpoint of a branch with `outage = "wait"` is unreachable: the
-/// message is held and consuming pauses until one recovers.
-pub fn outage_wait(message_id: &str, branch: &str) {
-    tracing::warn!(
-        message_id,
-        branch,
-        "every endpoint unreachable; holding the message until one recovers"
-    );
-}
-
-/// A branch that waited out an outage tries its list again.
-pub fn outage_over(message_id: &str, branch: &str) {
-    tracing::info!(message_id, branch, "outage over; trying the list again");
-}
-
-/// The inbound consumer was lost and is being reopened.
-pub fn consumer_lost(queue: &str, error: &str) {
-    tracing::warn!(queue, error, "inbound consumer lost; reconnecting");
-}
-
-/// The inbound consumer is (again) consuming.
-pub fn consuming(queue: &str, prefetch: u16) {
-    tracing::info!(queue, prefetch, "consuming");
-}
-
-/// All counters in the Prometheus text format.
-pub fn render() -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "# TYPE switchyard_messages_consumed_total counter\nswitchyard_messages_consumed_total {}",
-        CONSUMED.load(Ordering::Relaxed)
-    );
-    let _ = writeln!(
-        out,
-        "# TYPE switchyard_in_flight gauge\nswitchyard_in_flight {}",
-        IN_FLIGHT.load(Ordering::Relaxed)
-    );
-    let _ = writeln!(
-        out,
-        "# TYPE switchyard_config_generation gauge\nswitchyard_config_generation {}",
-        CONFIG_GENERATION.load(Ordering::Relaxed)
-    );
-    let gauges = GAUGES.lock().unwrap_or_else(|e| e.into_inner());
-    for (metric, series) in gauges.iter() {
-        let _ = writeln!(out, "# TYPE {metric} gauge");
-        for (labels, value) in series {
-            let _ = writeln!(out, "{metric}{{{labels}}} {value}");
+    #[test]
+    fn labelled_series_count_separately_and_handles_do_not_share() {
+        let telemetry = Telemetry::new();
+        let other = Telemetry::new();
+        for _ in 0..3 {
+            telemetry.forwarded("m", "service", "primary");
         }
-    }
-    drop(gauges);
-    let guard = LABELLED.lock().unwrap_or_else(|e| e.into_inner());
-    for (metric, series) in &guard.counts {
-        let _ = writeln!(out, "# TYPE {metric} counter");
-        for (labels, value) in series {
-            let _ = writeln!(out, "{metric}{{{labels}}} {value}");
+        telemetry.forwarded("m", "logging", "primary");
+        telemetry.clone().consumed();
+        telemetry.failover("m", "service", "primary", Some("backup"), &"nacked");
+        telemetry.failover("m", "service", "backup", None, &"nacked");
+        telemetry.dead_lettered("m", "exhausted", "nacked", &[], &[], "nack");
+        telemetry.endpoint_registered("primary");
+        telemetry.endpoint_down("primary", crate::broker::Down::Connection, &"gone");
+        telemetry.confirmed(Duration::from_millis(3));
+        telemetry.transaction_started();
+        telemetry.config_loaded(1, 2);
+        let text = telemetry.render();
+        let cases = [
+            (
+                r#"switchyard_messages_forwarded_total{branch="service",endpoint="primary"}"#,
+                3.0,
+            ),
+            (
+                r#"switchyard_messages_forwarded_total{branch="logging",endpoint="primary"}"#,
+                1.0,
+            ),
+            ("switchyard_messages_consumed_total", 1.0),
+            (
+                r#"switchyard_failovers_total{branch="service",from="primary",to="backup"}"#,
+                1.0,
+            ),
+            (r#"switchyard_dead_lettered_total{reason="exhausted"}"#, 1.0),
+            (r#"switchyard_endpoint_up{endpoint="primary"}"#, 0.0),
+            ("switchyard_confirm_seconds_count", 1.0),
+            (r#"switchyard_confirm_seconds_bucket{le="0.005"}"#, 1.0),
+            (r#"switchyard_confirm_seconds_bucket{le="0.0025"}"#, 0.0),
+            ("switchyard_in_flight", 1.0),
+            ("switchyard_config_generation", 1.0),
+        ];
+        for (series, value) in cases {
+            assert_eq!(sample(&text, series), Some(value), "{series} in\n{text}");
         }
+        assert_eq!(
+            text.matches("switchyard_failovers_total{").count(),
+            1,
+            "an exhausted list is not a failover"
+        );
+        assert_eq!(
+            sample(&other.render(), "switchyard_messages_consumed_total"),
+            Some(0.0)
+        );
     }
-    out
+
+    #[test]
+    fn the_librarys_warnings_are_dropped_and_its_debug_kept() {
+        use tracing::Level;
+        use tracing::callsite::DefaultCallsite;
+        use tracing::metadata::{Kind, Metadata};
+        macro_rules! meta {
+            ($target:expr, $level:expr) => {{
+                static CALLSITE: DefaultCallsite = DefaultCallsite::new(&META);
+                static META: Metadata<'static> = Metadata::new(
+                    "event",
+                    $target,
+                    $level,
+                    None,
+                    None,
+                    None,
+                    tracing::field::FieldSet::new(&[], tracing::callsite::Identifier(&CALLSITE)),
+                    Kind::EVENT,
+                );
+                &META
+            }};
+        }
+        assert!(!super::library_event_allowed(meta!(
+            "lapin::returned_messages",
+            Level::WARN
+        )));
+        assert!(!super::library_event_allowed(meta!(
+            "lapin::io_loop",
+            Level::ERROR
+        )));
+        assert!(!super::library_event_allowed(meta!("lapin", Level::INFO)));
+        assert!(super::library_event_allowed(meta!(
+            "lapin::channels",
+            Level::DEBUG
+        )));
+        assert!(super::library_event_allowed(meta!(
+            "switchyard::telemetry",
+            Level::WARN
+        )));
+        assert!(super::library_event_allowed(meta!(
+            "lapinator",
+            Level::WARN
+        )));
+    }
 }

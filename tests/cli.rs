@@ -129,6 +129,7 @@ fn check_prints_the_routing_table_without_the_password() {
         "primaryServiceQueue",
         "backupServiceQueue",
         "work.in",
+        "admin: 127.0.0.1:9090",
     ] {
         assert!(
             text.contains(needle),
@@ -315,6 +316,69 @@ fn environment_overrides_a_key() {
     assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr(&out));
     assert!(text.contains("prefetch 7"), "summary:\n{text}");
     assert!(!text.contains("prefetch 1000"), "summary:\n{text}");
+}
+
+/// An override that does not fit its key names the environment variable,
+/// not the file (which is fine), and never repeats a password.
+#[test]
+fn an_invalid_environment_override_names_the_variable() {
+    let cases = [
+        ("SWITCHYARD__INBOUND__PREFETCH", "abc", "inbound.prefetch"),
+        ("SWITCHYARD__INBOUND__PREFETCH", "0", "inbound.prefetch"),
+        (
+            "SWITCHYARD__INBOUND__NO_SUCH_KEY",
+            "1",
+            "inbound.no_such_key",
+        ),
+        (
+            "SWITCHYARD__BROKERS__MAIN__URI",
+            "http://guest:env-secret@127.0.0.1/",
+            "brokers.main.uri",
+        ),
+    ];
+    for (var, value, key) in cases {
+        let out = run(switchyard()
+            .args(["check", "--config", REPO_CONFIG])
+            .env(var, value));
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{var}={value}: {err}");
+        assert_no_panic(&err);
+        let lines: Vec<&str> = err.lines().collect();
+        assert_eq!(lines.len(), 1, "one line: {err:?}");
+        assert!(
+            lines[0].starts_with(&format!("switchyard: environment variable {var}: ")),
+            "{err}"
+        );
+        assert!(lines[0].contains(key), "{err}");
+        assert!(!lines[0].contains(REPO_CONFIG), "{err}");
+        assert!(!lines[0].contains("env-secret"), "{err}");
+    }
+    // The same key wrong in the file is still the file's fault.
+    let config = TempConfig::new(
+        "cli-prefetch",
+        &repo_config_with("prefetch = 1000", "prefetch = 0"),
+    );
+    let line = assert_invalid(&config, &["inbound.prefetch"]);
+    assert!(!line.contains("environment"), "{line}");
+}
+
+#[test]
+fn run_rejects_an_invalid_override_before_any_io() {
+    for format in ["text", "json"] {
+        let out = run(switchyard()
+            .args(["--log-format", format, "run", "--config", REPO_CONFIG])
+            .env("SWITCHYARD__INBOUND__PREFETCH", "abc"));
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains("SWITCHYARD__INBOUND__PREFETCH"), "{err}");
+        if format == "json" {
+            for line in err.lines() {
+                let value: serde_json::Value =
+                    serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+                assert_eq!(value["level"], "ERROR", "{line}");
+            }
+        }
+    }
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! Small faults against the real broker: the inbound queue deleted under a
 //! running forwarder comes back with its dead-letter arguments; SIGHUP never
 //! kills the real binary; a broker that refuses the credentials or the
-//! vhost is named as such in the log.
+//! vhost is named as such in the log, with nothing blamed on a key that is
+//! not at fault, and `--fail-fast` turns such a refusal into exit 1.
 
 mod support;
 
@@ -179,7 +180,22 @@ async fn refused_run(p: &str, uri: &str, cause: &str) -> String {
     let code = process.wait_exit(Duration::from_secs(10)).await;
     let log = process.log();
     assert_eq!(code, Some(0), "log:\n{log}");
+    assert_names_only_the_refusal(&log);
     log
+}
+
+/// The refusal is an error naming what to fix, and nothing else is blamed:
+/// not the first key switchyard happened to use on that broker, and no
+/// library line says recovery was given up while switchyard retries.
+fn assert_names_only_the_refusal(log: &str) {
+    assert!(
+        log.lines()
+            .any(|l| l.contains("ERROR") && l.contains("broker refused the connection")),
+        "an error line:\n{log}"
+    );
+    for misleading in ["dead_letter.exchange", "aborting recovery", "lapin"] {
+        assert!(!log.contains(misleading), "{misleading:?} in:\n{log}");
+    }
 }
 
 /// A wrong password is an authentication refusal, named as such (and the
@@ -199,7 +215,11 @@ async fn a_wrong_password_is_named_in_the_log() {
 async fn a_missing_vhost_is_named_in_the_log() {
     let p = unique_prefix("refused-vhost");
     let uri = format!("amqp://guest:guest@{}/{p}-missing", amqp_addr());
-    refused_run(&p, &uri, "vhost refused by broker main").await;
+    let log = refused_run(&p, &uri, "vhost refused by broker main").await;
+    assert!(
+        log.contains(&format!("vhost \\\"{p}-missing\\\" does not exist")),
+        "{log}"
+    );
 }
 
 /// A vhost the user may not use (it exists, without permissions for the
@@ -215,4 +235,30 @@ async fn a_vhost_without_permissions_is_named_in_the_log() {
         !log.contains("authentication refused"),
         "the credentials are right:\n{log}"
     );
+    assert!(
+        log.contains(&format!("user \\\"guest\\\" may not use vhost \\\"{p}\\\"")),
+        "{log}"
+    );
+}
+
+/// With `--fail-fast` a wrong password ends the process at start with exit
+/// 1 and the reason on stderr, for an orchestrator to act on.
+#[tokio::test]
+async fn fail_fast_exits_1_on_a_wrong_password() {
+    let p = unique_prefix("fail-fast");
+    let password = format!("not-the-password-{}", &p[p.len() - 8..]);
+    let uri = format!("amqp://guest:{password}@{}/%2f", amqp_addr());
+    let toml = seed_toml(&p, &base_toml(&p, "nack")).replace(&amqp_url(), &uri);
+    let mut process = Process::spawn_with(&p, &toml, &["--fail-fast"], &[]);
+    let code = process.wait_exit(DEFAULT_TIMEOUT).await;
+    let log = process.log();
+    assert_eq!(code, Some(1), "log:\n{log}");
+    assert!(
+        log.lines().last().is_some_and(|l| l
+            .starts_with("switchyard: authentication refused by broker main: check the user and password in brokers.main.uri")),
+        "the last line says why:\n{log}"
+    );
+    assert!(!log.contains(&password), "the password is never logged");
+    assert_names_only_the_refusal(&log);
+    assert!(support::rabbitmq_queues_with_prefix(&p).await.is_empty());
 }

@@ -12,11 +12,12 @@
 
 use super::error::{BrokerError, Fault};
 use crate::config::BrokerSpec;
-use crate::telemetry;
+use crate::telemetry::Telemetry;
 use futures_util::StreamExt;
 use lapin::options::ConfirmSelectOptions;
 use lapin::{Channel, Connection, ConnectionProperties, Event};
 use std::future::Future;
+use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -93,6 +94,7 @@ pub struct Connector {
     blocking: Arc<watch::Sender<Blocking>>,
     /// The negotiated frame_max of the current connection; 0 before the first.
     frame_max: AtomicU32,
+    telemetry: Telemetry,
 }
 
 #[derive(Default)]
@@ -101,11 +103,14 @@ struct State {
     failures: u32,
     retry_at: Option<Instant>,
     last_error: String,
+    /// The last attempt was refused (credentials, vhost): until the next
+    /// one, callers are told so rather than "unreachable".
+    refused: bool,
 }
 
 impl Connector {
     /// A connector; nothing is connected until first use.
-    pub fn new(spec: Arc<BrokerSpec>, instance: &str, role: Role) -> Self {
+    pub fn new(spec: Arc<BrokerSpec>, instance: &str, role: Role, telemetry: Telemetry) -> Self {
         let role = match role {
             Role::Consume => "consume",
             Role::Publish => "publish",
@@ -119,6 +124,7 @@ impl Connector {
                 since: Instant::now(),
             })),
             frame_max: AtomicU32::new(0),
+            telemetry,
         }
     }
 
@@ -177,6 +183,12 @@ impl Connector {
         if let Some(at) = state.retry_at
             && Instant::now() < at
         {
+            if state.refused {
+                return Err(ConnectError::Refused {
+                    broker: self.spec.name.clone(),
+                    reason: state.last_error.clone(),
+                });
+            }
             return Err(ConnectError::BackingOff {
                 broker: self.spec.name.clone(),
                 last_error: state.last_error.clone(),
@@ -188,7 +200,8 @@ impl Connector {
         let error = match attempt.await {
             Ok(Ok(connection)) => {
                 if state.failures > 0 {
-                    telemetry::broker_reconnected(&self.spec.name, &self.spec.redacted_uri());
+                    self.telemetry
+                        .broker_reconnected(&self.spec.name, &self.spec.redacted_uri());
                 }
                 let connection = Arc::new(connection);
                 self.follow_blocking(&connection);
@@ -201,11 +214,17 @@ impl Connector {
                 return Ok(connection);
             }
             Ok(Err(e)) if BrokerError::from_lapin(&e).fault() == Fault::Refused => {
-                let reason = refusal(&e, &self.spec.name);
-                telemetry::broker_refused(&self.spec.name, &self.spec.redacted_uri(), &reason);
+                let reason = refusal(&e, &self.spec);
+                self.telemetry.broker_refused(
+                    &self.spec.name,
+                    &self.spec.redacted_uri(),
+                    &reason,
+                    BACKOFF_MAX,
+                );
                 state.failures += 1;
                 state.retry_at = Some(Instant::now() + BACKOFF_MAX);
                 state.last_error = reason.clone();
+                state.refused = true;
                 return Err(ConnectError::Refused {
                     broker: self.spec.name.clone(),
                     reason,
@@ -218,7 +237,13 @@ impl Connector {
         let delay = backoff(state.failures);
         state.retry_at = Some(Instant::now() + delay);
         state.last_error = error.clone();
-        telemetry::broker_unreachable(&self.spec.name, &self.spec.redacted_uri(), &error, delay);
+        state.refused = false;
+        self.telemetry.broker_unreachable(
+            &self.spec.name,
+            &self.spec.redacted_uri(),
+            &error,
+            delay,
+        );
         Err(ConnectError::Connect {
             uri: self.spec.redacted_uri(),
             reason: error,
@@ -230,6 +255,7 @@ impl Connector {
     fn follow_blocking(&self, connection: &Connection) {
         let blocking = self.blocking.clone();
         let broker = self.spec.name.clone();
+        let telemetry = self.telemetry.clone();
         let set = move |blocked: bool| {
             blocking.send_if_modified(|b| {
                 let changed = b.blocked != blocked;
@@ -248,11 +274,9 @@ impl Connector {
             while let Some(event) = events.next().await {
                 match event {
                     Event::ConnectionBlocked(reason) if set(true) => {
-                        telemetry::broker_blocked(&broker, &reason)
+                        telemetry.broker_blocked(&broker, &reason)
                     }
-                    Event::ConnectionUnblocked if set(false) => {
-                        telemetry::broker_unblocked(&broker)
-                    }
+                    Event::ConnectionUnblocked if set(false) => telemetry.broker_unblocked(&broker),
                     _ => {}
                 }
             }
@@ -325,19 +349,35 @@ pub async fn within_unblocked<F: Future>(
     }
 }
 
-/// What a refused connection means, in words that say what to fix.
-fn refusal(error: &lapin::Error, broker: &str) -> String {
+/// What a refused connection means, in words that say what to fix: the
+/// credentials, a vhost that does not exist, or a vhost the user may not use.
+fn refusal(error: &lapin::Error, spec: &BrokerSpec) -> String {
     let e = BrokerError::from_lapin(error);
-    match e.code {
-        Some(super::error::code::ACCESS_REFUSED) => format!(
-            "authentication refused by broker {broker}: check the user and password in brokers.{broker}.uri ({})",
+    let broker = &spec.name;
+    let uri = lapin::uri::AMQPUri::from_str(spec.secret_uri()).ok();
+    let vhost = uri.as_ref().map_or("?", |u| u.vhost.as_str());
+    let user = uri
+        .as_ref()
+        .map_or("?", |u| u.authority.userinfo.username.as_str());
+    if e.code == Some(super::error::code::ACCESS_REFUSED) {
+        return format!(
+            "authentication refused by broker {broker}: check the user and password in \
+             brokers.{broker}.uri (broker: {})",
             e.text
-        ),
-        _ => format!(
-            "vhost refused by broker {broker}: the vhost in brokers.{broker}.uri does not exist or the user may not use it ({})",
-            e.text
-        ),
+        );
     }
+    if e.text.contains("not found") {
+        return format!(
+            "vhost refused by broker {broker}: vhost \"{vhost}\" does not exist; create it \
+             (rabbitmqctl add_vhost) or fix the vhost in brokers.{broker}.uri (broker: {})",
+            e.text
+        );
+    }
+    format!(
+        "vhost refused by broker {broker}: user \"{user}\" may not use vhost \"{vhost}\"; grant \
+         it permissions (rabbitmqctl set_permissions) or fix brokers.{broker}.uri (broker: {})",
+        e.text
+    )
 }
 
 /// Exponential backoff with full jitter between half and all of the step.
@@ -353,6 +393,7 @@ fn backoff(failures: u32) -> Duration {
 mod tests {
     use super::{BACKOFF_MAX, ConnectError, Connector, Role, backoff};
     use crate::config::BrokerSpec;
+    use crate::telemetry::Telemetry;
     use std::sync::Arc;
     use std::time::Duration;
 
@@ -364,7 +405,7 @@ mod tests {
             "down",
             "amqp://guest:secret@127.0.0.1:1/%2f",
         ));
-        let connector = Connector::new(spec, "unit", Role::Publish);
+        let connector = Connector::new(spec, "unit", Role::Publish, Telemetry::new());
         let limit = Duration::from_secs(1);
         match connector.channel(true, limit).await {
             Err(ConnectError::Connect { uri, .. }) => {

@@ -8,7 +8,7 @@
 //! is up again, and failover lists start from it again. Every change bumps
 //! one shared epoch, so a branch waiting out an outage wakes on any recovery.
 
-use crate::telemetry;
+use crate::telemetry::Telemetry;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use tokio::sync::watch;
@@ -33,17 +33,24 @@ pub struct EndpointHealth {
     endpoint: String,
     state: AtomicU8,
     epoch: Arc<watch::Sender<u64>>,
+    telemetry: Telemetry,
 }
 
 impl EndpointHealth {
     /// Starts up; `epoch` is shared by every endpoint of one forwarder.
-    pub fn new(endpoint: &str, epoch: Arc<watch::Sender<u64>>) -> Self {
-        telemetry::endpoint_up(endpoint, true);
+    pub fn new(endpoint: &str, epoch: Arc<watch::Sender<u64>>, telemetry: Telemetry) -> Self {
+        telemetry.endpoint_registered(endpoint);
         Self {
             endpoint: endpoint.to_owned(),
             state: AtomicU8::new(UP),
             epoch,
+            telemetry,
         }
+    }
+
+    /// The endpoint's name.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
     }
 
     /// Whether new messages should use it.
@@ -63,7 +70,7 @@ impl EndpointHealth {
             Down::Channel => DOWN_CHANNEL,
         };
         if self.state.swap(next, Ordering::Relaxed) != next {
-            telemetry::endpoint_down(&self.endpoint, why, error);
+            self.telemetry.endpoint_down(&self.endpoint, why, error);
             self.bump();
         }
     }
@@ -71,7 +78,7 @@ impl EndpointHealth {
     /// Marks it up; logs only the change.
     pub fn mark_up(&self) {
         if self.state.swap(UP, Ordering::Relaxed) != UP {
-            telemetry::endpoint_recovered(&self.endpoint);
+            self.telemetry.endpoint_recovered(&self.endpoint);
             self.bump();
         }
     }

@@ -27,7 +27,7 @@ use super::health::{Down, EndpointHealth};
 use super::{AmqpValue, FieldTable, ShortString};
 use crate::config::Endpoint;
 use crate::envelope::{Envelope, HOPS_HEADER, OWN_PREFIX, value_text};
-use crate::telemetry;
+use crate::telemetry::Telemetry;
 use futures_util::FutureExt;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use lapin::message::BasicReturnMessage;
@@ -134,6 +134,7 @@ impl Publisher {
         connector: Arc<Connector>,
         health: Arc<EndpointHealth>,
         stop: CancellationToken,
+        telemetry: Telemetry,
     ) -> Self {
         let (commands, rx) = mpsc::unbounded_channel();
         let blocking = connector.blocking();
@@ -155,6 +156,7 @@ impl Publisher {
             next_probe: None,
             probe_running: false,
             stop,
+            telemetry,
         };
         tokio::spawn(actor.run());
         Self {
@@ -235,6 +237,8 @@ struct Waiter {
     /// The main channel's generation it went out on; 0 when alone.
     generation: u64,
     mode: Mode,
+    /// When it was put on the wire, for the confirm latency.
+    sent_at: Instant,
 }
 
 struct Actor {
@@ -262,6 +266,7 @@ struct Actor {
     next_probe: Option<Instant>,
     probe_running: bool,
     stop: CancellationToken,
+    telemetry: Telemetry,
 }
 
 impl Actor {
@@ -392,6 +397,7 @@ impl Actor {
                 reply: request.reply,
                 generation,
                 mode: request.mode,
+                sent_at: Instant::now(),
             },
         );
         // The first poll assigns the delivery tag and queues the frames, so
@@ -479,7 +485,8 @@ impl Actor {
         if let Some(channel) = stale {
             self.health
                 .mark_down(Down::Channel, &format_args!("no confirm within {limit} ms"));
-            telemetry::channel_reset(&self.endpoint.name, "confirm timeout");
+            self.telemetry
+                .channel_reset(&self.endpoint.name, "confirm timeout");
             tokio::spawn(async move {
                 let _ = tokio::time::timeout(
                     Duration::from_secs(1),
@@ -578,7 +585,10 @@ impl Actor {
                 }
             }
             match &outcome {
-                Ok(()) => self.health.mark_up(),
+                Ok(()) => {
+                    self.telemetry.confirmed(waiter.sent_at.elapsed());
+                    self.health.mark_up();
+                }
                 Err(PublishFailure::Broker(e)) => match e.fault() {
                     Fault::Message => {}
                     Fault::Endpoint => self.health.mark_down(Down::Channel, e),
@@ -596,7 +606,7 @@ impl Actor {
         let Some(message) = returned else { return };
         let owner = publish_id(&message.delivery.properties).unwrap_or(carrier);
         if !self.waiting.contains_key(&owner) {
-            telemetry::late_return(&self.endpoint.name, owner);
+            self.telemetry.late_return(&self.endpoint.name, owner);
             return;
         }
         self.returned.insert(

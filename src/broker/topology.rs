@@ -18,7 +18,7 @@
 //! Every operation runs on its own short-lived channel, because a refused
 //! declaration closes the channel it was made on.
 
-use super::connector::{Connector, within_unblocked};
+use super::connector::{ConnectError, Connector, within_unblocked};
 use super::{AmqpValue, FieldTable};
 use crate::config::{DeadLetterMode, Endpoint, QueueType, Settings};
 use lapin::options::{
@@ -47,6 +47,10 @@ pub enum TopologyError {
     /// worth retrying; the message says what to change.
     #[error("{0}")]
     Refused(String),
+    /// The broker refused the connection itself (credentials, vhost): no
+    /// declaration was tried. The message names the broker and what to fix.
+    #[error("{0}")]
+    Denied(String),
 }
 
 /// Declares (or, with `inbound.declare = false`, verifies) the dead-letter
@@ -684,12 +688,15 @@ async fn passive_queue(connector: &Connector, queue: &str) -> Result<u32, Op> {
 enum Op {
     Unreachable(String),
     Refused(u16, String),
+    /// The connection was refused; nothing was declared.
+    Denied(String),
 }
 
 impl Op {
     fn into_error(self, what: &str) -> TopologyError {
         match self {
             Op::Unreachable(why) => TopologyError::Unreachable(format!("{what}: {why}")),
+            Op::Denied(why) => TopologyError::Denied(why),
             Op::Refused(code, text) => {
                 TopologyError::Refused(format!("{what}: refused by the broker ({code} {text})"))
             }
@@ -714,7 +721,10 @@ where
     let channel = connector
         .channel(confirm, OP_TIMEOUT)
         .await
-        .map_err(|e| Op::Unreachable(e.to_string()))?;
+        .map_err(|e| match e {
+            ConnectError::Refused { reason, .. } => Op::Denied(reason),
+            other => Op::Unreachable(other.to_string()),
+        })?;
     // A probe publish waits out a resource alarm rather than timing out.
     let result = within_unblocked(op(channel.clone()), OP_TIMEOUT, connector.blocking())
         .await

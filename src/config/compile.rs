@@ -163,10 +163,10 @@ pub fn compile(raw: &RawConfig) -> Result<Settings> {
     }
     let admin_listen = match &raw.admin.listen {
         None => None,
-        Some(addr) => Some(addr.parse().map_err(|_| {
+        Some(addr) => Some(admin_address(addr).ok_or_else(|| {
             InvalidKey::new(
                 "admin.listen",
-                format!("\"{addr}\" is not a host:port address"),
+                format!("\"{addr}\" is not a host:port address (or a port, for loopback)"),
             )
         })?),
     };
@@ -191,6 +191,16 @@ pub fn compile(raw: &RawConfig) -> Result<Settings> {
         routing: Arc::new(RoutingTable::new(branches)),
         admin_listen,
     })
+}
+
+/// `host:port`, or a bare port (`9090`, `:9090`) on the loopback address:
+/// the admin endpoint is not exposed unless a host says so.
+fn admin_address(text: &str) -> Option<std::net::SocketAddr> {
+    let port = text.strip_prefix(':').unwrap_or(text);
+    match port.parse::<u16>() {
+        Ok(port) => Some(std::net::SocketAddr::from(([127, 0, 0, 1], port))),
+        Err(_) => text.parse().ok(),
+    }
 }
 
 fn compile_brokers(raw: &RawConfig) -> Result<BTreeMap<String, Arc<BrokerSpec>>> {

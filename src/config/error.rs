@@ -22,6 +22,16 @@ pub enum ConfigError {
         /// The key and what is wrong with it.
         source: InvalidKey,
     },
+    /// An environment override (`SWITCHYARD__SECTION__KEY`) does not fit
+    /// its key, or gave it an invalid value. Its value is not repeated: it
+    /// may be a secret.
+    #[error("environment variable {var}: {message}")]
+    Env {
+        /// The variable's name.
+        var: String,
+        /// The key it overrides and what is wrong.
+        message: String,
+    },
 }
 
 /// One invalid key: `key: message`.

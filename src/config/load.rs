@@ -4,6 +4,7 @@
 use super::error::ConfigError;
 use super::raw::RawConfig;
 use super::{Settings, compile};
+use crate::broker::redact_uri;
 use config::{File, FileFormat, Value};
 use std::path::{Path, PathBuf};
 
@@ -29,11 +30,25 @@ pub fn load(path: &Path) -> Result<Settings, ConfigError> {
         });
     }
     let source = File::from(path).format(FileFormat::Toml).required(true);
-    let mut raw = build(source, path, true)?;
+    let (mut raw, overrides) = build(source, path, true)?;
     raw.relative_to(path.parent().unwrap_or(Path::new("")));
-    compile(&raw).map_err(|source| ConfigError::Invalid {
-        path: path.to_owned(),
-        source,
+    compile(&raw).map_err(|source| {
+        let under = |o: &&Override| {
+            source
+                .key
+                .strip_prefix(o.key.as_str())
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
+        };
+        match overrides.iter().find(under) {
+            Some(o) => ConfigError::Env {
+                var: o.var.clone(),
+                message: source.to_string(),
+            },
+            None => ConfigError::Invalid {
+                path: path.to_owned(),
+                source,
+            },
+        }
     })
 }
 
@@ -42,12 +57,27 @@ pub fn load(path: &Path) -> Result<Settings, ConfigError> {
 /// overrides: used by tests and tools that build configs in memory.
 pub fn load_str(toml: &str, origin: &str) -> Result<Settings, ConfigError> {
     let path = PathBuf::from(origin);
-    let mut raw = build(File::from_str(toml, FileFormat::Toml), &path, false)?;
+    let (mut raw, _) = build(File::from_str(toml, FileFormat::Toml), &path, false)?;
     raw.relative_to(path.parent().unwrap_or(Path::new("")));
     compile(&raw).map_err(|source| ConfigError::Invalid { path, source })
 }
 
-fn build<S>(source: S, path: &Path, with_env: bool) -> Result<RawConfig, ConfigError>
+/// One `SWITCHYARD__...` variable and the key it overrides.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Override {
+    var: String,
+    key: String,
+    value: String,
+}
+
+/// The raw configuration, and the overrides applied to it. When the
+/// overridden configuration does not deserialize but the file alone does,
+/// the first override that fails on its own is named.
+fn build<S>(
+    source: S,
+    path: &Path,
+    with_env: bool,
+) -> Result<(RawConfig, Vec<Override>), ConfigError>
 where
     S: config::Source + Send + Sync + 'static,
 {
@@ -59,18 +89,43 @@ where
         .add_source(source)
         .build()
         .map_err(load_error)?;
-    let mut builder = config::Config::builder().add_source(file.clone());
-    if with_env {
+    let overrides = if with_env {
         let tree = config::Source::collect(&file).map_err(load_error)?;
-        for (key, value) in env_overrides(&tree, std::env::vars()) {
-            builder = builder.set_override(key, value).map_err(load_error)?;
+        env_overrides(&tree, std::env::vars())
+    } else {
+        Vec::new()
+    };
+    match deserialize(&file, &overrides) {
+        Ok(raw) => Ok((raw, overrides)),
+        Err(e) if overrides.is_empty() || deserialize(&file, &[]).is_err() => Err(load_error(e)),
+        Err(e) => {
+            let culprit = overrides
+                .iter()
+                .find_map(|o| Some((o, deserialize(&file, std::slice::from_ref(o)).err()?)));
+            Err(match culprit {
+                Some((o, e)) => {
+                    // A URI's password must not come back through the parser's message.
+                    let text = e.to_string().replace(&o.value, &redact_uri(&o.value));
+                    ConfigError::Env {
+                        var: o.var.clone(),
+                        message: format!("cannot set {}: {}", o.key, one_line(&text)),
+                    }
+                }
+                None => load_error(e),
+            })
         }
     }
-    builder
-        .build()
-        .map_err(load_error)?
-        .try_deserialize::<RawConfig>()
-        .map_err(load_error)
+}
+
+fn deserialize(
+    file: &config::Config,
+    overrides: &[Override],
+) -> Result<RawConfig, config::ConfigError> {
+    let mut builder = config::Config::builder().add_source(file.clone());
+    for o in overrides {
+        builder = builder.set_override(o.key.as_str(), o.value.as_str())?;
+    }
+    builder.build()?.try_deserialize::<RawConfig>()
 }
 
 /// `SWITCHYARD__SECTION__KEY=value` pairs as configuration paths. Each
@@ -81,7 +136,7 @@ where
 fn env_overrides(
     tree: &config::Map<String, Value>,
     vars: impl Iterator<Item = (String, String)>,
-) -> Vec<(String, String)> {
+) -> Vec<Override> {
     let mut overrides = Vec::new();
     for (name, value) in vars {
         let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
@@ -107,7 +162,11 @@ fn env_overrides(
             }
             key.push_str(&resolved);
         }
-        overrides.push((key, value));
+        overrides.push(Override {
+            var: name,
+            key,
+            value,
+        });
     }
     overrides
 }
@@ -143,7 +202,10 @@ mod tests {
             ("PATH", "/bin"),
         ]
         .map(|(k, v)| (k.to_owned(), v.to_owned()));
-        let found = env_overrides(&tree, vars.into_iter());
+        let found: Vec<(String, String)> = env_overrides(&tree, vars.into_iter())
+            .into_iter()
+            .map(|o| (o.key, o.value))
+            .collect();
         assert_eq!(
             found,
             [

@@ -358,6 +358,8 @@ impl Default for RawSessions {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawAdmin {
-    /// `host:port` of the admin listener; absent means disabled.
+    /// `host:port` of the admin listener (`/healthz`, `/readyz`,
+    /// `/metrics`), e.g. `127.0.0.1:9090`; a bare port (`9090`) listens on
+    /// the loopback address only. Absent means disabled.
     pub listen: Option<String>,
 }

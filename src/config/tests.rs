@@ -400,7 +400,7 @@ fn invalid_configurations_fail_with_their_exact_error() {
         ),
         (
             with("[admin]\nlisten = \"localhost\""),
-            "test.toml: admin.listen: \"localhost\" is not a host:port address",
+            "test.toml: admin.listen: \"localhost\" is not a host:port address (or a port, for loopback)",
         ),
         (
             BASE.replace("%2f\"", "%2f\"\nca_file = \"ca.pem\""),
@@ -561,6 +561,29 @@ fn bad_tls_files_fail_naming_the_key_and_the_file() {
         }
     }
     let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn the_admin_address_is_loopback_unless_a_host_is_given() {
+    let cases = [
+        (None, None),
+        (Some("9090"), Some("127.0.0.1:9090")),
+        (Some(":9091"), Some("127.0.0.1:9091")),
+        (Some("0.0.0.0:9090"), Some("0.0.0.0:9090")),
+        (Some("[::1]:9090"), Some("[::1]:9090")),
+    ];
+    for (listen, expected) in cases {
+        let toml = match listen {
+            Some(l) => with(&format!("[admin]\nlisten = \"{l}\"")),
+            None => BASE.to_owned(),
+        };
+        let settings = load_str(&toml, "test.toml").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            settings.admin_listen.map(|a| a.to_string()).as_deref(),
+            expected,
+            "{listen:?}"
+        );
+    }
 }
 
 #[test]

@@ -17,8 +17,8 @@ use super::deliver;
 use super::outcome::Verdict;
 use crate::broker::{InboundChannel, Receipt, open_inbound, redeclare_inbound};
 use crate::envelope::Envelope;
-use crate::telemetry;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
@@ -32,6 +32,7 @@ pub(super) async fn consume_until(
     tracker: &TaskTracker,
 ) -> Option<InboundChannel> {
     let queue = &forwarder.settings.inbound.queue;
+    let telemetry = &forwarder.telemetry;
     let mut delay = Duration::from_millis(100);
     let mut reopening = false;
     while !shutdown.is_cancelled() {
@@ -45,7 +46,7 @@ pub(super) async fn consume_until(
             match open_inbound(&forwarder.consume_connector, &forwarder.settings).await {
                 Ok(inbound) => inbound,
                 Err(why) => {
-                    telemetry::consumer_lost(queue, &why.to_string());
+                    telemetry.consumer_lost(queue, &why.to_string());
                     tokio::select! {
                         () = shutdown.cancelled() => return None,
                         () = tokio::time::sleep(delay) => {}
@@ -55,7 +56,8 @@ pub(super) async fn consume_until(
                 }
             };
         delay = Duration::from_millis(100);
-        telemetry::consuming(queue, forwarder.settings.inbound.prefetch);
+        telemetry.consuming(queue, forwarder.settings.inbound.prefetch);
+        forwarder.consuming.store(true, Ordering::Relaxed);
         loop {
             let ready = async {
                 let permit = forwarder.permits.clone().acquire_owned().await;
@@ -68,12 +70,14 @@ pub(super) async fn consume_until(
                 permit = ready => permit.ok(),
             };
             let Some(permit) = permit else {
+                forwarder.consuming.store(false, Ordering::Relaxed);
                 inbound.stop_consuming().await;
                 return Some(inbound);
             };
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => {
+                    forwarder.consuming.store(false, Ordering::Relaxed);
                     inbound.stop_consuming().await;
                     return Some(inbound);
                 }
@@ -82,16 +86,17 @@ pub(super) async fn consume_until(
                         dispatch(forwarder, tracker, envelope, receipt, permit)
                     }
                     Some(Err(why)) => {
-                        telemetry::consumer_lost(queue, &why.to_string());
+                        telemetry.consumer_lost(queue, &why.to_string());
                         break;
                     }
                     None => {
-                        telemetry::consumer_lost(queue, "consumer ended");
+                        telemetry.consumer_lost(queue, "consumer ended");
                         break;
                     }
                 },
             }
         }
+        forwarder.consuming.store(false, Ordering::Relaxed);
         inbound.mark_lost();
         tokio::spawn(inbound.close());
     }
@@ -106,7 +111,8 @@ fn dispatch(
     receipt: Receipt,
     permit: OwnedSemaphorePermit,
 ) {
-    telemetry::consumed();
+    let telemetry = forwarder.telemetry.clone();
+    telemetry.consumed();
     let envelope = Arc::new(envelope);
     let refused = forwarder.screen.check(&envelope);
     let started = match refused {
@@ -124,7 +130,7 @@ fn dispatch(
     };
     let settler = forwarder.settler.clone();
     let abandon = forwarder.abandon.clone();
-    telemetry::in_flight(1);
+    telemetry.transaction_started();
     tracker.spawn(async move {
         let transaction = async {
             let verdict = match started {
@@ -140,6 +146,6 @@ fn dispatch(
             () = transaction => {}
         }
         drop(permit);
-        telemetry::in_flight(-1);
+        telemetry.transaction_ended();
     });
 }

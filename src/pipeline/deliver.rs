@@ -24,7 +24,7 @@ use crate::broker::{Mode, PublishFailure, Publisher};
 use crate::config::Endpoint;
 use crate::envelope::Envelope;
 use crate::routing::{BranchPlan, Outage};
-use crate::telemetry;
+use crate::telemetry::Telemetry;
 use futures_util::future::join_all;
 use std::collections::HashMap;
 use std::future::Future;
@@ -40,6 +40,7 @@ pub struct Publishers {
     health: watch::Receiver<u64>,
     /// How many branches are waiting out an outage now.
     waiting: Arc<watch::Sender<usize>>,
+    telemetry: Telemetry,
 }
 
 impl Publishers {
@@ -47,6 +48,7 @@ impl Publishers {
     pub fn new(
         publishers: impl IntoIterator<Item = Publisher>,
         health: watch::Receiver<u64>,
+        telemetry: Telemetry,
     ) -> Self {
         Self {
             by_endpoint: Arc::new(
@@ -57,6 +59,7 @@ impl Publishers {
             ),
             health,
             waiting: Arc::new(watch::Sender::new(0)),
+            telemetry,
         }
     }
 
@@ -68,6 +71,13 @@ impl Publishers {
     /// Every publisher.
     pub fn all(&self) -> impl Iterator<Item = &Publisher> {
         self.by_endpoint.values()
+    }
+
+    /// Whether the endpoint named `name` is up (an unknown name is not).
+    pub fn endpoint_up(&self, name: &str) -> bool {
+        self.by_endpoint
+            .get(name)
+            .is_some_and(|p| p.health().is_up())
     }
 
     fn get(&self, endpoint: &Endpoint) -> Option<&Publisher> {
@@ -176,7 +186,8 @@ impl Walk<'_> {
     /// the inbound channel is lost.
     async fn wait_for_recovery(&self) {
         let message_id = self.envelope.message_id();
-        telemetry::outage_wait(message_id, &self.plan.name);
+        let telemetry = &self.publishers.telemetry;
+        telemetry.outage_wait(message_id, &self.plan.name);
         self.publishers.waiting.send_modify(|n| *n += 1);
         let mut health = self.publishers.health.clone();
         loop {
@@ -189,7 +200,7 @@ impl Walk<'_> {
             }
         }
         self.publishers.waiting.send_modify(|n| *n -= 1);
-        telemetry::outage_over(message_id, &self.plan.name);
+        telemetry.outage_over(message_id, &self.plan.name);
     }
 
     fn all_unreachable(&self) -> bool {
@@ -202,6 +213,7 @@ impl Walk<'_> {
 
     async fn walk(&self, at: usize, first: Option<Attempt>) -> BranchOutcome {
         let plan = &self.plan;
+        let telemetry = &self.publishers.telemetry;
         let message_id = self.envelope.message_id();
         let endpoints: Vec<&Arc<Endpoint>> = plan.endpoints().collect();
         let mut first = first;
@@ -222,21 +234,21 @@ impl Walk<'_> {
                 };
                 let outcome = match outcome {
                     Err(e) if e.is_suspect() && !self.orphaned.is_cancelled() => {
-                        telemetry::isolating(message_id, &plan.name, &endpoint.name, &e);
+                        telemetry.isolating(message_id, &plan.name, &endpoint.name, &e);
                         self.attempt(endpoint, Mode::Alone).await
                     }
                     other => other,
                 };
                 match outcome {
                     Ok(()) => {
-                        telemetry::forwarded(message_id, &plan.name, &endpoint.name);
+                        telemetry.forwarded(message_id, &plan.name, &endpoint.name);
                         return BranchOutcome::Delivered {
                             branch: plan.name.clone(),
                             endpoint: endpoint.name.clone(),
                         };
                     }
                     Err(PublishFailure::Rejected(why)) => {
-                        telemetry::rejected(message_id, &plan.name, &endpoint.name, &why);
+                        telemetry.rejected(message_id, &plan.name, &endpoint.name, &why);
                         return BranchOutcome::Rejected {
                             branch: plan.name.clone(),
                             error: why,
@@ -244,10 +256,10 @@ impl Walk<'_> {
                     }
                     Err(error) => {
                         if attempt < endpoint.retries {
-                            telemetry::retry(message_id, &plan.name, &endpoint.name, &error);
+                            telemetry.retry(message_id, &plan.name, &endpoint.name, &error);
                         } else {
                             let next = endpoints.get(i + 1).map(|e| e.name.as_str());
-                            telemetry::failover(
+                            telemetry.failover(
                                 message_id,
                                 &plan.name,
                                 &endpoint.name,

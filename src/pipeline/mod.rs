@@ -10,6 +10,8 @@
 //!
 //! [`Forwarder::run`] prepares the broker topology, consumes until
 //! shutdown, then drains in-flight transactions within the configured bound.
+//! [`Readiness`] says whether it is serving: consuming, with an endpoint up
+//! on every branch.
 
 mod consume;
 pub mod deliver;
@@ -18,15 +20,17 @@ pub mod screen;
 pub mod settle;
 
 use crate::broker::{
-    Blocking, Connector, EndpointHealth, Publisher, Role, TopologyError, declare_endpoint_queue,
-    prepare_inbound,
+    Blocking, ConnectError, Connector, EndpointHealth, Publisher, Role, TopologyError,
+    declare_endpoint_queue, prepare_inbound,
 };
 use crate::config::{DeadLetterMode, Endpoint, Settings};
 use crate::routing::RoutingTable;
+use crate::telemetry::Telemetry;
 use deliver::Publishers;
 use settle::Settler;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
@@ -38,6 +42,12 @@ pub enum RunError {
     /// The broker refused the topology the configuration asks for.
     #[error("{0}")]
     Topology(String),
+    /// With fail-fast: a broker refused the credentials or the vhost at start.
+    #[error("{0}")]
+    Refused(String),
+    /// The admin endpoint could not listen.
+    #[error("{0}")]
+    Admin(String),
 }
 
 /// A configured forwarder, not yet connected.
@@ -60,38 +70,52 @@ pub struct Forwarder {
     /// Cancelled when the shutdown bound is reached: unfinished transactions
     /// drop their receipts, which requeues their messages.
     abandon: CancellationToken,
+    /// True while the inbound consumer is consuming.
+    consuming: Arc<AtomicBool>,
+    /// A permanent refusal at start ends `run` instead of being retried.
+    fail_fast: bool,
+    telemetry: Telemetry,
 }
 
 impl Forwarder {
-    /// Builds connectors and publisher tasks; connects lazily.
-    pub fn new(settings: Settings) -> Self {
+    /// Builds connectors and publisher tasks, all emitting through
+    /// `telemetry`; connects lazily.
+    pub fn new(settings: Settings, telemetry: Telemetry) -> Self {
         let publish_connectors: BTreeMap<String, Arc<Connector>> = settings
             .brokers
             .iter()
             .map(|(name, spec)| {
-                (
-                    name.clone(),
-                    Arc::new(Connector::new(spec.clone(), &settings.name, Role::Publish)),
-                )
+                let connector = Connector::new(
+                    spec.clone(),
+                    &settings.name,
+                    Role::Publish,
+                    telemetry.clone(),
+                );
+                (name.clone(), Arc::new(connector))
             })
             .collect();
         let consume_connector = Arc::new(Connector::new(
             settings.brokers[&settings.inbound.broker].clone(),
             &settings.name,
             Role::Consume,
+            telemetry.clone(),
         ));
         let publishers_stop = CancellationToken::new();
         let health_epoch = Arc::new(watch::Sender::new(0));
         let publishers = Publishers::new(
             settings.endpoints.values().map(|endpoint| {
+                let health =
+                    EndpointHealth::new(&endpoint.name, health_epoch.clone(), telemetry.clone());
                 Publisher::spawn(
                     endpoint.clone(),
                     publish_connectors[&endpoint.broker].clone(),
-                    Arc::new(EndpointHealth::new(&endpoint.name, health_epoch.clone())),
+                    Arc::new(health),
                     publishers_stop.clone(),
+                    telemetry.clone(),
                 )
             }),
             health_epoch.subscribe(),
+            telemetry.clone(),
         );
         let dead_letters = (settings.dead_letter.mode == DeadLetterMode::Republish).then(|| {
             let endpoint = Arc::new(Endpoint {
@@ -107,13 +131,21 @@ impl Forwarder {
                 probe_interval: Duration::from_secs(1),
             });
             let connector = publish_connectors[&settings.inbound.broker].clone();
-            let health = Arc::new(EndpointHealth::new(&endpoint.name, health_epoch.clone()));
-            Publisher::spawn(endpoint, connector, health, publishers_stop.clone())
+            let health =
+                EndpointHealth::new(&endpoint.name, health_epoch.clone(), telemetry.clone());
+            Publisher::spawn(
+                endpoint,
+                connector,
+                Arc::new(health),
+                publishers_stop.clone(),
+                telemetry.clone(),
+            )
         });
         let settler = Settler::new(
             settings.dead_letter.mode,
             dead_letters,
             &settings.inbound.queue,
+            telemetry.clone(),
         );
         let (routing_source, routing) = watch::channel(settings.routing.clone());
         let screen =
@@ -133,6 +165,26 @@ impl Forwarder {
             permits,
             blocking,
             abandon: CancellationToken::new(),
+            consuming: Arc::new(AtomicBool::new(false)),
+            fail_fast: false,
+            telemetry,
+        }
+    }
+
+    /// With `on`, a broker that refuses the credentials or the vhost at
+    /// start makes [`run`](Self::run) return [`RunError::Refused`] rather
+    /// than retry (for orchestrators that restart failed processes).
+    pub fn fail_fast(mut self, on: bool) -> Self {
+        self.fail_fast = on;
+        self
+    }
+
+    /// Whether the forwarder serves now; cheap to clone and to ask.
+    pub fn readiness(&self) -> Readiness {
+        Readiness {
+            consuming: self.consuming.clone(),
+            routing: self.routing.clone(),
+            publishers: self.publishers.clone(),
         }
     }
 
@@ -161,18 +213,22 @@ impl Forwarder {
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), RunError> {
         self.prepare(&shutdown).await?;
         if !shutdown.is_cancelled() {
-            crate::telemetry::config_loaded(1, self.settings.routing.branch_names().count());
+            for (branch, endpoints) in self.settings.routing.branch_endpoints() {
+                let names: Vec<&str> = endpoints.iter().map(|e| e.name.as_str()).collect();
+                self.telemetry.branch_known(branch, &names);
+            }
+            for reason in outcome::Reason::ALL {
+                self.telemetry.reason_known(reason.as_str());
+            }
+            self.telemetry
+                .config_loaded(1, self.settings.routing.branch_names().count());
         }
         let tracker = TaskTracker::new();
         let inbound = consume::consume_until(&self, &shutdown, &tracker).await;
         tracker.close();
         let bound = self.settings.shutdown_timeout;
         if tokio::time::timeout(bound, tracker.wait()).await.is_err() {
-            tracing::warn!(
-                in_flight = tracker.len(),
-                bound_ms = bound.as_millis() as u64,
-                "shutdown bound reached; unfinished messages go back to the queue"
-            );
+            self.telemetry.shutdown_bound_reached(tracker.len(), bound);
             self.abandon.cancel();
             tracker.wait().await;
         }
@@ -185,27 +241,38 @@ impl Forwarder {
             .chain(self.publish_connectors.values())
             .map(|c| c.close());
         futures_util::future::join_all(closes).await;
-        tracing::info!("stopped");
+        self.telemetry.stopped();
         Ok(())
     }
 
     /// Declares what the configuration asks for, retrying while the broker
-    /// is unreachable; a refusal is fatal.
+    /// is unreachable or refuses the connection (the connector logs that,
+    /// with what to fix); a refused declaration is fatal, and so is a
+    /// refused connection with fail-fast.
     async fn prepare(&self, shutdown: &CancellationToken) -> Result<(), RunError> {
         let mut delay = Duration::from_millis(200);
         loop {
-            match prepare_inbound(self.topology_connector(), &self.settings).await {
+            let prepared = tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                prepared = prepare_inbound(self.topology_connector(), &self.settings) => prepared,
+            };
+            match prepared {
                 Ok(()) => break,
                 Err(TopologyError::Refused(why)) => return Err(RunError::Topology(why)),
-                Err(TopologyError::Unreachable(why)) => {
-                    tracing::warn!(error = %why, retry_in_ms = delay.as_millis() as u64, "inbound broker not ready");
-                    tokio::select! {
-                        () = shutdown.cancelled() => return Ok(()),
-                        () = tokio::time::sleep(delay) => {}
-                    }
-                    delay = (delay * 2).min(Duration::from_secs(5));
+                Err(TopologyError::Denied(why)) if self.fail_fast => {
+                    return Err(RunError::Refused(why));
                 }
+                Err(TopologyError::Denied(_)) => {}
+                Err(TopologyError::Unreachable(why)) => self.telemetry.startup_retry(&why, delay),
             }
+            tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                () = tokio::time::sleep(delay) => {}
+            }
+            delay = (delay * 2).min(Duration::from_secs(5));
+        }
+        if self.fail_fast {
+            self.refuse_fast().await?;
         }
         for endpoint in self.settings.endpoints.values() {
             if endpoint.declare_queue.is_none() {
@@ -215,11 +282,68 @@ impl Forwarder {
             match declare_endpoint_queue(connector, endpoint).await {
                 Ok(()) => {}
                 Err(TopologyError::Refused(why)) => return Err(RunError::Topology(why)),
-                Err(TopologyError::Unreachable(why)) => {
-                    tracing::warn!(endpoint = %endpoint.name, error = %why, "could not declare the endpoint's queue; its branches will fail over until it is reachable");
+                Err(TopologyError::Denied(why)) if self.fail_fast => {
+                    return Err(RunError::Refused(why));
+                }
+                Err(TopologyError::Unreachable(why) | TopologyError::Denied(why)) => {
+                    self.telemetry
+                        .endpoint_queue_undeclared(&endpoint.name, &why);
                 }
             }
         }
         Ok(())
+    }
+
+    /// Connects to every other publishing broker once, concurrently: the
+    /// first that refuses the credentials or the vhost is an error. One that
+    /// cannot be reached is left to fail over as usual.
+    async fn refuse_fast(&self) -> Result<(), RunError> {
+        let others = self
+            .publish_connectors
+            .iter()
+            .filter(|(name, _)| **name != self.settings.inbound.broker)
+            .map(|(_, c)| c.connection());
+        for result in futures_util::future::join_all(others).await {
+            if let Err(ConnectError::Refused { reason, .. }) = result {
+                return Err(RunError::Refused(reason));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether a forwarder serves: its consumer is consuming and every branch
+/// of the live routing table has at least one endpoint up.
+#[derive(Clone)]
+pub struct Readiness {
+    consuming: Arc<AtomicBool>,
+    routing: watch::Receiver<Arc<RoutingTable>>,
+    publishers: Publishers,
+}
+
+impl Readiness {
+    /// `Ok` when ready; otherwise why not, in one line.
+    pub fn check(&self) -> Result<(), String> {
+        if !self.consuming.load(Ordering::Relaxed) {
+            return Err("not consuming from the inbound queue".to_owned());
+        }
+        let table = self.routing.borrow().clone();
+        let down: Vec<String> = table
+            .branch_endpoints()
+            .filter(|(_, endpoints)| {
+                !endpoints
+                    .iter()
+                    .any(|e| self.publishers.endpoint_up(&e.name))
+            })
+            .map(|(branch, endpoints)| {
+                let names: Vec<&str> = endpoints.iter().map(|e| e.name.as_str()).collect();
+                format!("branch {branch} has no endpoint up ({})", names.join(", "))
+            })
+            .collect();
+        if down.is_empty() {
+            Ok(())
+        } else {
+            Err(down.join("; "))
+        }
     }
 }

@@ -62,6 +62,16 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Every reason.
+    pub const ALL: [Reason; 6] = [
+        Self::Exhausted,
+        Self::NoRoute,
+        Self::Rejected,
+        Self::Poison,
+        Self::Loop,
+        Self::Malformed,
+    ];
+
     /// The header and metric value.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -19,7 +19,7 @@ use crate::broker::{
 };
 use crate::config::DeadLetterMode;
 use crate::envelope::{Envelope, HOPS_HEADER, MAX_HEADER_DEPTH, value_depth};
-use crate::telemetry;
+use crate::telemetry::Telemetry;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -34,24 +34,32 @@ pub struct Settler {
     /// Publishes annotated copies in `republish` mode.
     dead_letters: Option<Publisher>,
     source_queue: Arc<str>,
+    telemetry: Telemetry,
 }
 
 impl Settler {
     /// A settler; `dead_letters` is required in `republish` mode.
-    pub fn new(mode: DeadLetterMode, dead_letters: Option<Publisher>, source_queue: &str) -> Self {
+    pub fn new(
+        mode: DeadLetterMode,
+        dead_letters: Option<Publisher>,
+        source_queue: &str,
+        telemetry: Telemetry,
+    ) -> Self {
         Self {
             mode,
             dead_letters,
             source_queue: source_queue.into(),
+            telemetry,
         }
     }
 
     /// Settles one message.
     pub async fn settle(&self, envelope: &Arc<Envelope>, receipt: Receipt, verdict: Verdict) {
         let message_id = envelope.message_id();
+        let telemetry = &self.telemetry;
         let (reason, error, failed, delivered) = match verdict {
             Verdict::Commit => return receipt.ack(),
-            Verdict::Abandon => return telemetry::abandoned(message_id),
+            Verdict::Abandon => return telemetry.abandoned(message_id),
             Verdict::DeadLetter {
                 reason,
                 error,
@@ -75,8 +83,9 @@ impl Settler {
                 } else {
                     envelope.clone()
                 };
-                if publish_dead_letter(publisher, &copy, headers, &receipt, reason).await {
-                    telemetry::dead_lettered(
+                if publish_dead_letter(publisher, &copy, headers, &receipt, reason, telemetry).await
+                {
+                    telemetry.dead_lettered(
                         message_id,
                         reason,
                         &error,
@@ -88,7 +97,7 @@ impl Settler {
                 }
             }
             _ => {
-                telemetry::dead_lettered(message_id, reason, &error, &failed, &delivered, "nack");
+                telemetry.dead_lettered(message_id, reason, &error, &failed, &delivered, "nack");
                 receipt.reject(false);
             }
         }
@@ -103,6 +112,7 @@ async fn publish_dead_letter(
     headers: Vec<(ShortString, AmqpValue)>,
     receipt: &Receipt,
     reason: &str,
+    telemetry: &Telemetry,
 ) -> bool {
     let message_id = envelope.message_id();
     let mut copy = envelope.clone();
@@ -117,7 +127,7 @@ async fn publish_dead_letter(
             Ok(()) => return true,
             Err(e) if e.is_suspect() => mode = Mode::Alone,
             Err(PublishFailure::Rejected(why)) if Arc::ptr_eq(&copy, envelope) => {
-                telemetry::dead_letter_reduced(message_id, reason, &why);
+                telemetry.dead_letter_reduced(message_id, reason, &why);
                 let removed = envelope.headers().map_or(0, |h| h.inner().len());
                 extra.push((
                     "x-switchyard-removed-headers".into(),
@@ -127,7 +137,7 @@ async fn publish_dead_letter(
                 mode = Mode::Normal;
             }
             Err(e) => {
-                telemetry::dead_letter_retry(message_id, reason, &e, delay);
+                telemetry.dead_letter_retry(message_id, reason, &e, delay);
                 mode = Mode::Normal;
                 tokio::select! {
                     () = receipt.lost().cancelled() => return false,

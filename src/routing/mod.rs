@@ -207,6 +207,12 @@ impl RoutingTable {
         }
     }
 
+    /// Every branch with its endpoint list (`[endpoint] + backup_list`), in
+    /// table order.
+    pub fn branch_endpoints(&self) -> impl Iterator<Item = (&str, &[Arc<Endpoint>])> {
+        self.branches.iter().map(|b| (b.name(), &b.endpoints[..]))
+    }
+
     /// A short human summary, one line per entry, for `switchyard check`.
     pub fn summary(&self) -> String {
         let mut out = String::new();

@@ -5,7 +5,7 @@
 use super::{DEFAULT_TIMEOUT, TestBroker, amqp_url, wait_until};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-use switchyard::RunError;
+use switchyard::{Options, RunError, Telemetry};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -137,22 +137,35 @@ pub fn endpoint_toml(name: &str, broker: &str, queue: &str, declare: bool, extra
 pub struct InProcess {
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<Result<(), RunError>>,
+    telemetry: Telemetry,
 }
 
 impl InProcess {
     /// Compiles `toml` (panicking on an invalid one) and starts the forwarder.
     pub fn start(toml: &str) -> Self {
+        Self::start_with(toml, Options::default())
+    }
+
+    /// [`InProcess::start`] with `options` (an admin listener, fail-fast).
+    pub fn start_with(toml: &str, options: Options) -> Self {
         init_logs();
         let settings =
             switchyard::config::load_str(toml, "test.toml").unwrap_or_else(|e| panic!("{e}"));
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(switchyard::run(settings, async {
+        let telemetry = options.telemetry.clone();
+        let task = tokio::spawn(switchyard::run_with(settings, options, async {
             let _ = stopped.await;
         }));
         Self {
             stop: Some(stop),
             task,
+            telemetry,
         }
+    }
+
+    /// This forwarder's own metrics and events.
+    pub fn telemetry(&self) -> &Telemetry {
+        &self.telemetry
     }
 
     /// Starts the forwarder and waits until it consumes from `queue`.
@@ -208,15 +221,27 @@ pub struct Process {
 impl Process {
     /// Writes `toml` to a temporary file and starts `switchyard run` on it.
     pub fn spawn(prefix: &str, toml: &str) -> Self {
+        Self::spawn_with(prefix, toml, &[], &[])
+    }
+
+    /// [`Process::spawn`] with extra arguments (`--log-format=X` goes before
+    /// `run`, the others after it) and environment variables (`RUST_LOG` is
+    /// `info` unless given).
+    pub fn spawn_with(prefix: &str, toml: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
         let dir = std::env::temp_dir();
         let config_path = dir.join(format!("{prefix}.toml"));
         std::fs::write(&config_path, toml).unwrap_or_else(|e| panic!("write config: {e}"));
         let log_path = dir.join(format!("{prefix}-{}.log", uuid_suffix()));
         let log = std::fs::File::create(&log_path).unwrap_or_else(|e| panic!("create log: {e}"));
+        let (global, local): (Vec<&str>, Vec<&str>) =
+            args.iter().partition(|a| a.starts_with("--log-format"));
         let child = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+            .args(global)
             .args(["run", "--config"])
             .arg(&config_path)
+            .args(local)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

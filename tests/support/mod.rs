@@ -1,9 +1,10 @@
 //! Shared support for switchyard's integration tests: a real-broker test
 //! client (`TestBroker`), polling helpers, `rabbitmqctl` wrappers, an
 //! in-process TCP fault-injection proxy (`FaultProxy`), a listener that
-//! never answers (`BlackHole`), a private RabbitMQ node (`PrivateNode`) for
-//! faults the shared broker must not see, and a raw AMQP client (`raw`) for
-//! messages a client library cannot be trusted to decode.
+//! never answers (`BlackHole`), an HTTP client and metrics reader for the
+//! admin endpoint (`http_get`, `Metrics`), a private RabbitMQ node
+//! (`PrivateNode`) for faults the shared broker must not see, and a raw AMQP
+//! client (`raw`) for messages a client library cannot be trusted to decode.
 //!
 //! Every test names all of its queues, exchanges and connections with a
 //! `unique_prefix`, so tests can run in parallel and repeatedly against the
@@ -12,6 +13,7 @@
 
 pub mod broker;
 pub mod harness;
+pub mod http;
 pub mod node;
 pub mod polling;
 pub mod proxy;
@@ -21,6 +23,8 @@ pub mod raw;
 // Each test binary uses a different part of the kit.
 #[allow(unused_imports)]
 pub use broker::*;
+#[allow(unused_imports)]
+pub use http::*;
 #[allow(unused_imports)]
 pub use node::*;
 #[allow(unused_imports)]

@@ -1,0 +1,171 @@
+//! The admin HTTP endpoint (`[admin] listen`), plain HTTP/1.1:
+//!
+//! - `GET /healthz`: 200 while the process runs.
+//! - `GET /readyz`: 200 while the forwarder serves (consuming, and every
+//!   branch has an endpoint up, see [`Readiness`]); otherwise 503 with the
+//!   reason in the body.
+//! - `GET /metrics`: every metric in the Prometheus text format.
+//!
+//! Anything else is 404 (405 for another method on these paths). The server
+//! stops accepting when its stop token is cancelled, which the forwarder's
+//! run does once it has stopped, and gives open connections a moment to
+//! finish their request.
+
+use crate::pipeline::Readiness;
+use crate::telemetry::{METRICS_CONTENT_TYPE, Telemetry};
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// A slow client may take this long to send its request headers.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long open connections get to finish once the server stops.
+const DRAIN: Duration = Duration::from_secs(1);
+
+/// Why the admin endpoint cannot listen.
+#[derive(Debug, thiserror::Error)]
+#[error("admin.listen {addr}: cannot listen: {source}")]
+pub struct AdminError {
+    /// The address asked for.
+    addr: String,
+    /// What the system said.
+    source: std::io::Error,
+}
+
+/// A bound admin listener, not serving yet.
+#[derive(Debug)]
+pub struct Admin {
+    listener: TcpListener,
+    addr: SocketAddr,
+}
+
+impl Admin {
+    /// Binds `addr`.
+    pub async fn bind(addr: SocketAddr) -> Result<Self, AdminError> {
+        let error = |source| AdminError {
+            addr: addr.to_string(),
+            source,
+        };
+        let listener = TcpListener::bind(addr).await.map_err(error)?;
+        let addr = listener.local_addr().map_err(error)?;
+        Ok(Self { listener, addr })
+    }
+
+    /// Takes a listener bound by the caller (tests bind port 0 and read the
+    /// port back before starting the forwarder).
+    pub fn from_std(listener: std::net::TcpListener) -> Result<Self, AdminError> {
+        let error = |source| AdminError {
+            addr: "(given listener)".to_owned(),
+            source,
+        };
+        listener.set_nonblocking(true).map_err(error)?;
+        let addr = listener.local_addr().map_err(error)?;
+        let listener = TcpListener::from_std(listener).map_err(error)?;
+        Ok(Self { listener, addr })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Serves until `stop` is cancelled, then lets open connections finish
+    /// for a moment.
+    pub async fn serve(self, telemetry: Telemetry, readiness: Readiness, stop: CancellationToken) {
+        telemetry.admin_listening(self.addr);
+        let connections = TaskTracker::new();
+        loop {
+            let accepted = tokio::select! {
+                () = stop.cancelled() => break,
+                accepted = self.listener.accept() => accepted,
+            };
+            let stream = match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of descriptors, most likely: pause rather than spin.
+                    telemetry.admin_connection_failed(&e);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let (telemetry, readiness, stop) = (telemetry.clone(), readiness.clone(), stop.clone());
+            connections.spawn(async move {
+                let service = service_fn(|request| {
+                    let response = respond(&request, &telemetry, &readiness);
+                    async move { Ok::<_, Infallible>(response) }
+                });
+                let connection = http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(HEADER_TIMEOUT)
+                    .serve_connection(TokioIo::new(stream), service);
+                let mut connection = std::pin::pin!(connection);
+                let result = tokio::select! {
+                    result = connection.as_mut() => result,
+                    () = stop.cancelled() => {
+                        connection.as_mut().graceful_shutdown();
+                        tokio::time::timeout(DRAIN, connection).await.unwrap_or(Ok(()))
+                    }
+                };
+                if let Err(e) = result {
+                    telemetry.admin_connection_failed(&e);
+                }
+            });
+        }
+        connections.close();
+        let _ = tokio::time::timeout(DRAIN * 2, connections.wait()).await;
+    }
+}
+
+fn respond(
+    request: &Request<Incoming>,
+    telemetry: &Telemetry,
+    readiness: &Readiness,
+) -> Response<Full<Bytes>> {
+    let path = request.uri().path();
+    if !matches!(path, "/healthz" | "/readyz" | "/metrics") {
+        return text(
+            StatusCode::NOT_FOUND,
+            "not found: try /healthz, /readyz or /metrics\n".to_owned(),
+        );
+    }
+    if request.method() != Method::GET && request.method() != Method::HEAD {
+        return text(StatusCode::METHOD_NOT_ALLOWED, "use GET\n".to_owned());
+    }
+    match path {
+        "/healthz" => text(StatusCode::OK, "ok\n".to_owned()),
+        "/readyz" => match readiness.check() {
+            Ok(()) => text(StatusCode::OK, "ready\n".to_owned()),
+            Err(why) => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not ready: {why}\n"),
+            ),
+        },
+        _ => {
+            let mut response = Response::new(Full::new(Bytes::from(telemetry.render())));
+            response
+                .headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static(METRICS_CONTENT_TYPE));
+            response
+        }
+    }
+}
+
+fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
