@@ -136,6 +136,11 @@ async fn a_foreign_user_id_is_rejected_alone_and_the_others_are_not_failed_over(
         error.contains("406") && error.contains("user_id"),
         "{error}"
     );
+    assert_eq!(
+        dead[0].header("x-switchyard-failed-endpoints"),
+        Some(&AMQPValue::FieldArray(vec![amqp_str("primary")].into())),
+        "the endpoint whose broker refused it"
+    );
     producer.close().await;
     user.delete().await;
     delete_all_with_prefix(&p).await;

@@ -159,12 +159,16 @@ impl Connector {
         // channel.open is not written while the broker blocks the connection.
         match within_unblocked(open, limit, self.blocking()).await {
             Some(Ok(channel)) => Ok(channel),
-            Some(Err(e)) => {
-                if !connection.status().connected() {
-                    self.discard(&connection, &e.to_string()).await;
-                }
-                Err(ConnectError::Channel(e.to_string()))
+            // The connection died under channel.open: a connection-level
+            // failure, which is what an endpoint's health must record.
+            Some(Err(e)) if !connection.status().connected() => {
+                self.discard(&connection, &e.to_string()).await;
+                Err(ConnectError::Connect {
+                    uri: self.spec.redacted_uri(),
+                    reason: e.to_string(),
+                })
             }
+            Some(Err(e)) => Err(ConnectError::Channel(e.to_string())),
             // Not a reason to drop a connection other endpoints share: if it
             // is really dead, heartbeats and their publishes will say so.
             None => Err(ConnectError::ChannelTimeout(limit.as_millis())),

@@ -6,6 +6,7 @@
 
 use crate::broker::{AmqpValue, FieldArray, FieldTable, PROBE_HEADER, Properties};
 use crate::envelope::{Envelope, ONLY_HEADER, OWN_PREFIX, value_text};
+use crate::pipeline::settle::FAILED_ENDPOINTS;
 use crate::routing::RoutingTable;
 use serde_json::{Value, json};
 
@@ -100,15 +101,22 @@ impl Record {
         let error = text("x-switchyard-error");
         let failed_names = names(message.header("x-switchyard-failed"));
         let errors = branch_errors(error.as_deref().unwrap_or(""), &failed_names);
-        // Only an exhausted list ends on the endpoint it tries last.
+        // The forwarder records the endpoint that refused each branch last;
+        // for older dead letters, only an exhausted list ends on the endpoint
+        // it tries last.
+        let recorded = names(message.header(FAILED_ENDPOINTS));
         let exhausted = reason.as_deref() == Some("exhausted");
         let failed = failed_names
             .into_iter()
             .zip(errors)
-            .map(|(branch, error)| FailedBranch {
-                endpoint: exhausted
-                    .then(|| routing.last_endpoint(&branch).map(str::to_owned))
-                    .flatten(),
+            .enumerate()
+            .map(|(i, (branch, error))| FailedBranch {
+                endpoint: match recorded.get(i).filter(|e| !e.is_empty()) {
+                    Some(endpoint) => Some(endpoint.clone()),
+                    None => exhausted
+                        .then(|| routing.last_endpoint(&branch).map(str::to_owned))
+                        .flatten(),
+                },
                 branch,
                 error,
             })
@@ -420,6 +428,24 @@ endpoint = "l1"
         assert_eq!(json["failed"][0]["endpoint"], "s2");
         assert_eq!(json["age_ms"], 5000);
         assert_eq!(json["note"], Value::Null);
+    }
+
+    #[test]
+    fn a_recorded_refusing_endpoint_wins_over_the_configuration() {
+        let rejected = message(
+            vec![
+                ("x-switchyard-reason", text("rejected")),
+                (
+                    "x-switchyard-error",
+                    text("service: refused by the broker: 406"),
+                ),
+                ("x-switchyard-failed", array(&["service"])),
+                ("x-switchyard-failed-endpoints", array(&["s1"])),
+            ],
+            b"",
+        );
+        let r = Record::read(&rejected, &routing());
+        assert_eq!(r.failed[0].endpoint.as_deref(), Some("s1"));
     }
 
     #[test]

@@ -251,6 +251,7 @@ impl Walk<'_> {
                         telemetry.rejected(message_id, &plan.name, &endpoint.name, &why);
                         return BranchOutcome::Rejected {
                             branch: plan.name.clone(),
+                            endpoint: endpoint.name.clone(),
                             error: why,
                         };
                     }
@@ -267,14 +268,19 @@ impl Walk<'_> {
                                 &error,
                             );
                         }
-                        last_error = Some(error);
+                        last_error = Some((endpoint.name.clone(), error));
                     }
                 }
             }
         }
+        let (endpoint, error) = last_error.map_or_else(
+            || (String::new(), "no endpoint to try".to_owned()),
+            |(endpoint, e)| (endpoint, e.to_string()),
+        );
         BranchOutcome::Failed {
             branch: plan.name.clone(),
-            error: last_error.map_or_else(|| "no endpoint to try".to_owned(), |e| e.to_string()),
+            endpoint,
+            error,
         }
     }
 

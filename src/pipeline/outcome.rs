@@ -18,6 +18,8 @@ pub enum BranchOutcome {
     Failed {
         /// Branch name.
         branch: Arc<str>,
+        /// The endpoint that failed last (`""` when none was tried).
+        endpoint: String,
         /// The last error, one line.
         error: String,
     },
@@ -26,6 +28,8 @@ pub enum BranchOutcome {
     Rejected {
         /// Branch name.
         branch: Arc<str>,
+        /// The endpoint whose broker refused it.
+        endpoint: String,
         /// The broker's reply, one line.
         error: String,
     },
@@ -100,6 +104,9 @@ pub enum Verdict {
         error: String,
         /// Branches that failed.
         failed: Vec<String>,
+        /// For each failed branch, the endpoint that refused last (`""`
+        /// when none was tried).
+        refused_by: Vec<String>,
         /// Branches already delivered.
         delivered: Vec<String>,
     },
@@ -117,6 +124,7 @@ impl Verdict {
             reason,
             error,
             failed: Vec::new(),
+            refused_by: Vec::new(),
             delivered: Vec::new(),
         }
     }
@@ -128,6 +136,7 @@ impl Outcome {
     /// the message itself, `exhausted` when lists ran out.
     pub fn verdict(&self) -> Verdict {
         let mut failed = Vec::new();
+        let mut refused_by = Vec::new();
         let mut delivered = Vec::new();
         let mut errors = Vec::new();
         let mut reason = Reason::Exhausted;
@@ -135,13 +144,23 @@ impl Outcome {
             match branch {
                 BranchOutcome::Delivered { branch, .. } => delivered.push(branch.to_string()),
                 BranchOutcome::Abandoned { .. } => return Verdict::Abandon,
-                BranchOutcome::Failed { branch, error } => {
+                BranchOutcome::Failed {
+                    branch,
+                    endpoint,
+                    error,
+                } => {
                     failed.push(branch.to_string());
+                    refused_by.push(endpoint.clone());
                     errors.push(format!("{branch}: {error}"));
                 }
-                BranchOutcome::Rejected { branch, error } => {
+                BranchOutcome::Rejected {
+                    branch,
+                    endpoint,
+                    error,
+                } => {
                     reason = Reason::Rejected;
                     failed.push(branch.to_string());
+                    refused_by.push(endpoint.clone());
                     errors.push(format!("{branch}: {error}"));
                 }
             }
@@ -153,6 +172,7 @@ impl Outcome {
                 reason,
                 error: errors.join("; "),
                 failed,
+                refused_by,
                 delivered,
             }
         }
@@ -173,6 +193,7 @@ mod tests {
     fn failed(b: &str, e: &str) -> BranchOutcome {
         BranchOutcome::Failed {
             branch: b.into(),
+            endpoint: format!("{b}-backup"),
             error: e.to_owned(),
         }
     }
@@ -199,6 +220,7 @@ mod tests {
                 reason: Reason::Exhausted,
                 error: "logging: nacked by the broker".to_owned(),
                 failed: vec!["logging".to_owned()],
+                refused_by: vec!["logging-backup".to_owned()],
                 delivered: vec!["service".to_owned()],
             }
         );
@@ -221,13 +243,15 @@ mod tests {
                 delivered("logging"),
                 BranchOutcome::Rejected {
                     branch: "service".into(),
+                    endpoint: "primary".to_owned(),
                     error: "406".to_owned(),
                 },
             ],
         };
         assert!(matches!(
             rejected.verdict(),
-            Verdict::DeadLetter { reason: Reason::Rejected, ref failed, .. } if failed == &["service"]
+            Verdict::DeadLetter { reason: Reason::Rejected, ref failed, ref refused_by, .. }
+                if failed == &["service"] && refused_by == &["primary"]
         ));
         let abandoned = Outcome {
             branches: vec![

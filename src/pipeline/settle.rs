@@ -57,15 +57,16 @@ impl Settler {
     pub async fn settle(&self, envelope: &Arc<Envelope>, receipt: Receipt, verdict: Verdict) {
         let message_id = envelope.message_id();
         let telemetry = &self.telemetry;
-        let (reason, error, failed, delivered) = match verdict {
+        let (reason, error, failed, refused_by, delivered) = match verdict {
             Verdict::Commit => return receipt.ack(),
             Verdict::Abandon => return telemetry.abandoned(message_id),
             Verdict::DeadLetter {
                 reason,
                 error,
                 failed,
+                refused_by,
                 delivered,
-            } => (reason, one_line(&error), failed, delivered),
+            } => (reason, one_line(&error), failed, refused_by, delivered),
         };
         let malformed = reason == Reason::Malformed;
         let reason = reason.as_str();
@@ -73,6 +74,7 @@ impl Settler {
             (DeadLetterMode::Republish, Some(publisher)) => {
                 let mut headers =
                     annotations(reason, &error, &failed, &delivered, &self.source_queue);
+                headers.push((FAILED_ENDPOINTS.into(), text_array(&refused_by)));
                 // A dead letter is not a forward: it keeps the hops it came with.
                 headers.push((
                     HOPS_HEADER.into(),
@@ -173,6 +175,19 @@ fn fitting(envelope: &Envelope) -> Envelope {
     }
 }
 
+/// Header naming, for each branch of `x-switchyard-failed` in the same
+/// order, the endpoint that refused it last (`""`: none was tried).
+pub const FAILED_ENDPOINTS: &str = "x-switchyard-failed-endpoints";
+
+fn text_array(items: &[String]) -> AmqpValue {
+    AmqpValue::FieldArray(FieldArray::from(
+        items
+            .iter()
+            .map(|n| AmqpValue::LongString(n.as_str().into()))
+            .collect::<Vec<_>>(),
+    ))
+}
+
 /// The `x-switchyard-*` headers of a dead letter.
 pub fn annotations(
     reason: &str,
@@ -182,11 +197,7 @@ pub fn annotations(
     source_queue: &str,
 ) -> Vec<(ShortString, AmqpValue)> {
     let text = |s: &str| AmqpValue::LongString(s.into());
-    let array = |names: &[String]| {
-        AmqpValue::FieldArray(FieldArray::from(
-            names.iter().map(|n| text(n)).collect::<Vec<_>>(),
-        ))
-    };
+    let array = text_array;
     let now_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);
