@@ -123,13 +123,18 @@ fn summary(path: &std::path::Path, settings: &Settings) -> String {
     )
 }
 
-fn run(settings: Settings, options: switchyard::Options, format: LogFormat) -> ExitCode {
+/// The runtime every command runs on: threads whose stacks hold any header
+/// a frame can carry (re-executing the binary first if need be).
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     ensure_thread_stack();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_stack_size(THREAD_STACK)
         .build()
-    {
+}
+
+fn run(settings: Settings, options: switchyard::Options, format: LogFormat) -> ExitCode {
+    let runtime = match runtime() {
         Ok(rt) => rt,
         Err(e) => {
             report(format, &format!("cannot start the runtime: {e}"));
@@ -170,12 +175,7 @@ fn dlq(path: &std::path::Path, settings: Settings, command: cli::Dlq) -> ExitCod
         Ok(request) => request,
         Err(e) => return failed(&e),
     };
-    ensure_thread_stack();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_stack_size(THREAD_STACK)
-        .build()
-    {
+    let runtime = match runtime() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("switchyard: cannot start the runtime: {e}");

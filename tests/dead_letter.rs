@@ -82,19 +82,7 @@ fn props(id: &str, kind: &str) -> BasicProperties {
         .with_headers(headers)
 }
 
-fn names(value: Option<&AMQPValue>) -> Vec<String> {
-    match value {
-        Some(AMQPValue::FieldArray(items)) => items
-            .as_slice()
-            .iter()
-            .map(|v| match v {
-                AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
-                other => panic!("not a string: {other:?}"),
-            })
-            .collect(),
-        other => panic!("not an array: {other:?}"),
-    }
-}
+use support::array_names as names;
 
 fn x_death_reason(m: &Message) -> String {
     let Some(AMQPValue::FieldArray(deaths)) = m.header("x-death") else {

@@ -276,19 +276,7 @@ async fn hostile_run(
     (inbound, deep, dead)
 }
 
-fn names(value: Option<&AMQPValue>) -> Vec<String> {
-    match value {
-        Some(AMQPValue::FieldArray(items)) => items
-            .as_slice()
-            .iter()
-            .map(|v| match v {
-                AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
-                _ => panic!("not a string"),
-            })
-            .collect(),
-        _ => panic!("not an array"),
-    }
-}
+use support::array_names as names;
 
 fn by_id<'a>(dead: &'a [Message], id: &str) -> &'a Message {
     dead.iter()

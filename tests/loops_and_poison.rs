@@ -41,20 +41,7 @@ fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
-/// Branch names in an AMQP array header.
-fn names(value: Option<&AMQPValue>) -> Vec<String> {
-    match value {
-        Some(AMQPValue::FieldArray(items)) => items
-            .as_slice()
-            .iter()
-            .map(|v| match v {
-                AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
-                other => panic!("not a string: {other:?}"),
-            })
-            .collect(),
-        other => panic!("not an array: {other:?}"),
-    }
-}
+use support::array_names as names;
 
 fn array(items: &[&str]) -> AMQPValue {
     AMQPValue::FieldArray(FieldArray::from(
@@ -278,6 +265,7 @@ async fn forged_annotations_are_stripped_from_copies_and_dead_letters() {
         Some("exhausted")
     );
     assert_eq!(names(m.header("x-switchyard-failed")), ["a"]);
+    assert_eq!(names(m.header("x-switchyard-failed-endpoints")), ["a"]);
     assert!(names(m.header("x-switchyard-delivered")).is_empty());
     assert_eq!(m.header_str("x-switchyard-source-queue"), Some(inbound));
     let error = m.header_str("x-switchyard-error").unwrap_or_default();
@@ -296,6 +284,7 @@ async fn forged_annotations_are_stripped_from_copies_and_dead_letters() {
             "x-switchyard-delivered",
             "x-switchyard-error",
             "x-switchyard-failed",
+            "x-switchyard-failed-endpoints",
             "x-switchyard-hops",
             "x-switchyard-publish-id",
             "x-switchyard-reason",

@@ -131,6 +131,22 @@ pub fn field_table<'a>(entries: impl IntoIterator<Item = (&'a str, AMQPValue)>) 
     table
 }
 
+/// The strings of an AMQP array header (`x-switchyard-failed`...); panics
+/// when it is not an array of long strings.
+pub fn array_names(value: Option<&AMQPValue>) -> Vec<String> {
+    match value {
+        Some(AMQPValue::FieldArray(items)) => items
+            .as_slice()
+            .iter()
+            .map(|v| match v {
+                AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
+                other => panic!("not a string: {other:?}"),
+            })
+            .collect(),
+        other => panic!("not an array: {other:?}"),
+    }
+}
+
 /// A long-string `AMQPValue` (the usual type for string headers and arguments).
 pub fn amqp_str(s: &str) -> AMQPValue {
     AMQPValue::LongString(s.into())

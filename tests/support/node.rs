@@ -205,15 +205,7 @@ impl PrivateNode {
                 "messages_unacknowledged",
             ])
             .await;
-        out.lines().find_map(|line| {
-            let mut fields = line.split('\t').map(str::trim);
-            if fields.next()? != queue {
-                return None;
-            }
-            let ready = fields.next()?.parse().ok()?;
-            let unacked = fields.next()?.parse().ok()?;
-            Some((ready, unacked))
-        })
+        super::rabbitmqctl::ready_unacked_in(&out, queue)
     }
 
     /// Every client connection on this node with its client-provided name.

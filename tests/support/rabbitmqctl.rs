@@ -42,6 +42,12 @@ pub async fn ready_unacked(queue: &str) -> Option<(u64, u64)> {
         "messages_unacknowledged",
     ])
     .await;
+    ready_unacked_in(&out, queue)
+}
+
+/// The ready and unacked counts of `queue` in `rabbitmqctl list_queues
+/// --silent name messages_ready messages_unacknowledged` output.
+pub fn ready_unacked_in(out: &str, queue: &str) -> Option<(u64, u64)> {
     out.lines().find_map(|line| {
         let mut fields = line.split('\t').map(str::trim);
         if fields.next()? != queue {
