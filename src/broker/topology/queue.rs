@@ -1,34 +1,12 @@
-//! Startup declarations, and the checks that make dead-lettering safe: the
-//! inbound queue must carry the configured dead-letter exchange (in `nack`
-//! mode, unless a policy is trusted to set it), and that exchange must exist,
-//! or a nacked message would be discarded.
-//!
-//! Queues are declared with their configured type (`x-queue-type`). A
-//! queue that already exists is compared only on the arguments that matter:
-//! its type, and in `nack` mode its dead-letter exchange and routing key.
-//! Other arguments an operator gave it (a length limit, a TTL, a delivery
-//! limit) are read back from the broker's refusal and kept, so a
-//! redeclaration never fails on them. A mismatch that matters is a one-line
-//! error naming the argument, the queue's message count and what to change.
-//!
-//! Unless switchyard has just declared and bound the dead-letter queue
-//! itself, one probe message checks that the dead-letter exchange routes the
-//! dead-letter routing key somewhere (see [`PROBE_HEADER`]).
-//!
-//! Every operation runs on its own short-lived channel, because a refused
-//! declaration closes the channel it was made on.
+//! Declaring a queue that may already exist: its type and the arguments
+//! that matter are compared, the others an operator set are read back from
+//! the broker's refusal and kept, and a mismatch that matters becomes one
+//! line naming the argument, the queue's message count and what to change.
 
-use super::connector::{ConnectError, Connector, within_unblocked};
-use super::{AmqpValue, FieldTable};
-use crate::config::{DeadLetterMode, Endpoint, QueueType, Settings};
-use lapin::options::{
-    BasicPublishOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
-};
-use lapin::protocol::AMQPErrorKind;
-use lapin::{Channel, Confirmation, ErrorKind, ExchangeKind};
-use std::time::Duration;
-
-const OP_TIMEOUT: Duration = Duration::from_secs(10);
+use super::{Op, TopologyError, declare_queue, message_count, passive_queue};
+use crate::broker::connector::Connector;
+use crate::broker::{AmqpValue, FieldTable};
+use crate::config::QueueType;
 
 /// Most arguments of an existing queue that are read back and kept; the
 /// broker knows fewer declarable arguments than this.
@@ -37,243 +15,10 @@ const MAX_ADOPTED: usize = 24;
 /// The arguments that make a quorum queue's dead-lettering at-least-once.
 const AT_LEAST_ONCE: [&str; 2] = ["x-dead-letter-strategy", "x-overflow"];
 
-/// A startup declaration failed.
-#[derive(Debug, thiserror::Error)]
-pub enum TopologyError {
-    /// The broker could not be reached; worth retrying.
-    #[error("{0}")]
-    Unreachable(String),
-    /// The broker refused: the configuration and the broker disagree. Not
-    /// worth retrying; the message says what to change.
-    #[error("{0}")]
-    Refused(String),
-    /// The broker refused the connection itself (credentials, vhost): no
-    /// declaration was tried. The message names the broker and what to fix.
-    #[error("{0}")]
-    Denied(String),
-}
-
-/// Declares (or, with `inbound.declare = false`, verifies) the dead-letter
-/// exchange and queue and the inbound queue with its type and dead-letter
-/// arguments.
-pub async fn prepare_inbound(
-    connector: &Connector,
-    settings: &Settings,
-) -> Result<(), TopologyError> {
-    let inbound = &settings.inbound;
-    let dl = &settings.dead_letter;
-    if !dl.exchange.is_empty() {
-        let options = ExchangeDeclareOptions {
-            passive: !inbound.declare,
-            durable: true,
-            ..Default::default()
-        };
-        run(connector, |ch| async move {
-            ch.exchange_declare(dl.exchange.as_str().into(), ExchangeKind::Direct, options, FieldTable::default())
-                .await
-        })
-        .await
-        .map_err(|e| match e {
-            Op::Refused(404, _) => TopologyError::Refused(format!(
-                "dead_letter.exchange \"{}\" does not exist on broker \"{}\": create it, or set inbound.declare = true",
-                dl.exchange, inbound.broker
-            )),
-            other => other.into_error(&format!("dead_letter.exchange \"{}\"", dl.exchange)),
-        })?;
-    }
-    if inbound.declare
-        && let Some(queue) = &dl.queue
-    {
-        let spec = QueueSpec::new("dead_letter.queue", queue, &inbound.broker, true)
-            .typed("dead_letter.queue_type", dl.queue_type);
-        ensure_queue(connector, &spec).await?;
-        run(connector, |ch| async move {
-            ch.queue_bind(
-                queue.as_str().into(),
-                dl.exchange.as_str().into(),
-                dl.routing_key.as_str().into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-        })
-        .await
-        .map_err(|e| e.into_error(&format!("binding dead_letter.queue \"{queue}\"")))?;
-    }
-    ensure_queue(connector, &inbound_spec(settings)).await?;
-    if !(inbound.declare && dl.queue.is_some()) {
-        probe_dead_letter_route(connector, settings).await?;
-    }
-    Ok(())
-}
-
-/// Declares the inbound queue again (after it was deleted under a running
-/// consumer), with the same arguments and checks as at startup.
-pub async fn redeclare_inbound(
-    connector: &Connector,
-    settings: &Settings,
-) -> Result<(), TopologyError> {
-    ensure_queue(connector, &inbound_spec(settings)).await
-}
-
-/// Header that marks the dead-letter route probe.
-pub const PROBE_HEADER: &str = "x-switchyard-probe";
-
-/// Makes sure the dead-letter exchange routes the dead-letter routing key
-/// somewhere, since a dead letter sent into an exchange without a matching
-/// binding is dropped silently (a nack) or returned forever (a republish).
-/// One probe message is published with `mandatory`, on a confirm channel;
-/// it carries [`PROBE_HEADER`] and `expiration = "0"`, so it expires at once
-/// unless a consumer of the dead-letter queue is waiting, which then sees
-/// one probe per start.
-async fn probe_dead_letter_route(
-    connector: &Connector,
-    settings: &Settings,
-) -> Result<(), TopologyError> {
-    let dl = &settings.dead_letter;
-    let broker = &settings.inbound.broker;
-    let mut headers = FieldTable::default();
-    headers.insert(PROBE_HEADER.into(), AmqpValue::Boolean(true));
-    let properties = lapin::BasicProperties::default()
-        .with_expiration("0".into())
-        .with_headers(headers);
-    let options = BasicPublishOptions {
-        mandatory: true,
-        ..Default::default()
-    };
-    let confirmation = run_on(connector, true, |ch| async move {
-        ch.basic_publish(
-            dl.exchange.as_str().into(),
-            dl.routing_key.as_str().into(),
-            options,
-            b"",
-            properties,
-        )
-        .await?
-        .await
-    })
-    .await
-    .map_err(|e| {
-        e.into_error(&format!(
-            "probing dead_letter.exchange \"{}\" with dead_letter.routing_key \"{}\"",
-            dl.exchange, dl.routing_key
-        ))
-    })?;
-    match confirmation {
-        Confirmation::Ack(None) | Confirmation::NotRequested => Ok(()),
-        Confirmation::Ack(Some(_)) if dl.exchange.is_empty() => {
-            Err(TopologyError::Refused(format!(
-                "dead_letter.routing_key \"{}\" names no queue on broker \"{broker}\" (dead_letter.exchange \
-             is the default exchange): every dead letter would be lost; create that queue, or name \
-             an existing one",
-                dl.routing_key
-            )))
-        }
-        Confirmation::Ack(Some(_)) => Err(TopologyError::Refused(format!(
-            "dead_letter.exchange \"{}\" on broker \"{broker}\" routes nothing with \
-             dead_letter.routing_key \"{}\": every dead letter would be lost; bind a queue to it \
-             with that routing key, or set dead_letter.queue and inbound.declare = true so \
-             switchyard declares and binds one",
-            dl.exchange, dl.routing_key
-        ))),
-        Confirmation::Nack(_) => {
-            tracing::warn!(
-                exchange = %dl.exchange,
-                routing_key = %dl.routing_key,
-                "the broker refused the dead-letter route probe (is the dead-letter queue full?); dead letters may be refused too"
-            );
-            Ok(())
-        }
-    }
-}
-
-/// Declares an endpoint's `declare_queue`, if it has one, with its type.
-pub async fn declare_endpoint_queue(
-    connector: &Connector,
-    endpoint: &Endpoint,
-) -> Result<(), TopologyError> {
-    let Some(queue) = &endpoint.declare_queue else {
-        return Ok(());
-    };
-    let key = format!("endpoints.{}.declare_queue", endpoint.name);
-    let spec = QueueSpec::new(&key, queue, &endpoint.broker, true).typed(
-        &format!("endpoints.{}.declare_queue_type", endpoint.name),
-        endpoint.declare_queue_type,
-    );
-    ensure_queue(connector, &spec).await
-}
-
-/// The inbound queue as the configuration wants it.
-///
-/// In `nack` mode the dead-letter arguments must hold, since the broker
-/// routes every nack through them. A quorum queue in `nack` mode is created
-/// with `x-dead-letter-strategy = at-least-once`, which RabbitMQ honours only
-/// together with `x-overflow = reject-publish` (otherwise it falls back to
-/// at-most-once): a dead letter then leaves the inbound queue only once the
-/// dead-letter queue has confirmed it. An existing queue may differ there;
-/// that is logged, not refused. With `dead_letter_by_policy` no dead-letter
-/// argument is declared or checked: the policy is trusted.
-fn inbound_spec(settings: &Settings) -> QueueSpec<'_> {
-    let inbound = &settings.inbound;
-    let dl = &settings.dead_letter;
-    let mut spec = QueueSpec::new(
-        "inbound.queue",
-        &inbound.queue,
-        &inbound.broker,
-        inbound.declare,
-    )
-    .typed("inbound.queue_type", inbound.queue_type);
-    let routing_key =
-        (!dl.routing_key.is_empty()).then(|| AmqpValue::LongString(dl.routing_key.as_str().into()));
-    let exchange = AmqpValue::LongString(dl.exchange.as_str().into());
-    match (dl.mode, inbound.dead_letter_by_policy) {
-        (DeadLetterMode::Nack, true) => {
-            tracing::info!(
-                queue = %inbound.queue,
-                exchange = %dl.exchange,
-                "inbound.dead_letter_by_policy: trusting a policy to set the inbound queue's dead-letter exchange; not checking its arguments"
-            );
-        }
-        (DeadLetterMode::Nack, false) => {
-            spec.require(
-                "x-dead-letter-exchange",
-                Some(exchange),
-                Setting::DeadLetterExchange,
-            );
-            spec.require(
-                "x-dead-letter-routing-key",
-                routing_key,
-                Setting::DeadLetterRoutingKey,
-            );
-            if inbound.queue_type == QueueType::Quorum {
-                spec.prefer(
-                    "x-dead-letter-strategy",
-                    AmqpValue::LongString("at-least-once".into()),
-                );
-                spec.prefer("x-overflow", AmqpValue::LongString("reject-publish".into()));
-            }
-        }
-        (DeadLetterMode::Republish, _) => {
-            spec.prefer("x-dead-letter-exchange", exchange);
-            if let Some(key) = routing_key {
-                spec.prefer("x-dead-letter-routing-key", key);
-            }
-        }
-    }
-    if inbound.single_active_consumer {
-        spec.require(
-            "x-single-active-consumer",
-            Some(AmqpValue::Boolean(true)),
-            Setting::SingleActiveConsumer,
-        );
-    }
-    spec
-}
-
 /// What a required argument stands for in the configuration, to say what
 /// to change when a queue disagrees.
 #[derive(Debug, Clone)]
-enum Setting {
+pub(super) enum Setting {
     QueueType { type_key: String },
     DeadLetterExchange,
     DeadLetterRoutingKey,
@@ -290,7 +35,7 @@ struct Required {
 
 /// A queue as the configuration wants it.
 #[derive(Debug, Clone)]
-struct QueueSpec<'a> {
+pub(super) struct QueueSpec<'a> {
     /// The configuration key naming the queue, for messages.
     key: String,
     name: &'a str,
@@ -304,7 +49,7 @@ struct QueueSpec<'a> {
 }
 
 impl<'a> QueueSpec<'a> {
-    fn new(key: &str, name: &'a str, broker: &'a str, create: bool) -> Self {
+    pub(super) fn new(key: &str, name: &'a str, broker: &'a str, create: bool) -> Self {
         Self {
             key: key.to_owned(),
             name,
@@ -317,7 +62,7 @@ impl<'a> QueueSpec<'a> {
 
     /// A classic queue is declared without `x-queue-type` (the broker's
     /// default), so queues declared before this option existed still match.
-    fn typed(mut self, type_key: &str, queue_type: QueueType) -> Self {
+    pub(super) fn typed(mut self, type_key: &str, queue_type: QueueType) -> Self {
         let value = match queue_type {
             QueueType::Classic => None,
             QueueType::Quorum => Some(AmqpValue::LongString("quorum".into())),
@@ -332,7 +77,12 @@ impl<'a> QueueSpec<'a> {
         self
     }
 
-    fn require(&mut self, name: &'static str, value: Option<AmqpValue>, setting: Setting) {
+    pub(super) fn require(
+        &mut self,
+        name: &'static str,
+        value: Option<AmqpValue>,
+        setting: Setting,
+    ) {
         self.required.push(Required {
             name,
             value,
@@ -340,7 +90,7 @@ impl<'a> QueueSpec<'a> {
         });
     }
 
-    fn prefer(&mut self, name: &'static str, value: AmqpValue) {
+    pub(super) fn prefer(&mut self, name: &'static str, value: AmqpValue) {
         self.preferred.push((name, value));
     }
 
@@ -368,7 +118,10 @@ impl<'a> QueueSpec<'a> {
 /// redeclares it until the broker accepts: each refusal over an argument
 /// that does not matter adopts the queue's own value; one over an argument
 /// that matters is an error.
-async fn ensure_queue(connector: &Connector, spec: &QueueSpec<'_>) -> Result<(), TopologyError> {
+pub(super) async fn ensure_queue(
+    connector: &Connector,
+    spec: &QueueSpec<'_>,
+) -> Result<(), TopologyError> {
     if !spec.create {
         passive_queue(connector, spec.name)
             .await
@@ -637,10 +390,6 @@ async fn refused(connector: &Connector, spec: &QueueSpec<'_>, text: &str) -> Top
     ))
 }
 
-async fn message_count(connector: &Connector, queue: &str) -> Option<u32> {
-    passive_queue(connector, queue).await.ok()
-}
-
 fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
@@ -651,100 +400,6 @@ fn table_of(arguments: &[(String, AmqpValue)]) -> FieldTable {
         table.insert(name.as_str().into(), value.clone());
     }
     table
-}
-
-async fn declare_queue(
-    connector: &Connector,
-    queue: &str,
-    arguments: FieldTable,
-) -> Result<(), Op> {
-    let options = QueueDeclareOptions {
-        durable: true,
-        ..Default::default()
-    };
-    run(connector, |ch| async move {
-        ch.queue_declare(queue.into(), options, arguments)
-            .await
-            .map(|_| ())
-    })
-    .await
-}
-
-/// Checks `queue` exists; its message count.
-async fn passive_queue(connector: &Connector, queue: &str) -> Result<u32, Op> {
-    let options = QueueDeclareOptions {
-        passive: true,
-        ..Default::default()
-    };
-    run(connector, |ch| async move {
-        ch.queue_declare(queue.into(), options, FieldTable::default())
-            .await
-            .map(|q| q.message_count())
-    })
-    .await
-}
-
-/// How one declaration ended.
-enum Op {
-    Unreachable(String),
-    Refused(u16, String),
-    /// The connection was refused; nothing was declared.
-    Denied(String),
-}
-
-impl Op {
-    fn into_error(self, what: &str) -> TopologyError {
-        match self {
-            Op::Unreachable(why) => TopologyError::Unreachable(format!("{what}: {why}")),
-            Op::Denied(why) => TopologyError::Denied(why),
-            Op::Refused(code, text) => {
-                TopologyError::Refused(format!("{what}: refused by the broker ({code} {text})"))
-            }
-        }
-    }
-}
-
-async fn run<F, Fut, T>(connector: &Connector, op: F) -> Result<T, Op>
-where
-    F: FnOnce(Channel) -> Fut,
-    Fut: Future<Output = lapin::Result<T>>,
-{
-    run_on(connector, false, op).await
-}
-
-/// Runs `op` on a fresh channel (in confirm mode if `confirm`), closed after.
-async fn run_on<F, Fut, T>(connector: &Connector, confirm: bool, op: F) -> Result<T, Op>
-where
-    F: FnOnce(Channel) -> Fut,
-    Fut: Future<Output = lapin::Result<T>>,
-{
-    let channel = connector
-        .channel(confirm, OP_TIMEOUT)
-        .await
-        .map_err(|e| match e {
-            ConnectError::Refused { reason, .. } => Op::Denied(reason),
-            other => Op::Unreachable(other.to_string()),
-        })?;
-    // A probe publish waits out a resource alarm rather than timing out.
-    let result = within_unblocked(op(channel.clone()), OP_TIMEOUT, connector.blocking())
-        .await
-        .ok_or(());
-    if channel.status().connected() {
-        let _ = channel.close(200, "done".into()).await;
-    }
-    match result {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(e)) => Err(match e.kind() {
-            ErrorKind::ProtocolError(amqp) if matches!(amqp.kind(), AMQPErrorKind::Soft(_)) => {
-                Op::Refused(amqp.get_id(), amqp.get_message().to_string())
-            }
-            _ => Op::Unreachable(e.to_string()),
-        }),
-        Err(_) => Err(Op::Unreachable(format!(
-            "no answer within {} s",
-            OP_TIMEOUT.as_secs()
-        ))),
-    }
 }
 
 #[cfg(test)]
