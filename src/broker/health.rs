@@ -7,8 +7,16 @@
 //! every `probe_interval_ms`. When a probe or a confirmed publish succeeds it
 //! is up again, and failover lists start from it again. Every change bumps
 //! one shared epoch, so a branch waiting out an outage wakes on any recovery.
+//! The probe itself ([`probe`]) opens a channel on the endpoint's broker
+//! and passively declares what the endpoint publishes to.
 
+use super::FieldTable;
+use super::connector::Connector;
+use super::error::BrokerError;
+use crate::config::Endpoint;
 use crate::telemetry::Telemetry;
+use lapin::ExchangeKind;
+use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use tokio::sync::watch;
@@ -85,5 +93,54 @@ impl EndpointHealth {
 
     fn bump(&self) {
         self.epoch.send_modify(|n| *n += 1);
+    }
+}
+
+/// Probes one endpoint: a channel on its broker, then passive declarations
+/// of what it publishes to, each on that short-lived channel.
+pub(super) async fn probe(connector: &Connector, endpoint: &Endpoint) -> Result<(), String> {
+    let limit = endpoint.confirm_timeout;
+    let channel = connector
+        .channel(false, limit)
+        .await
+        .map_err(|e| e.to_string())?;
+    let checks = async {
+        if !endpoint.exchange.is_empty() {
+            let options = ExchangeDeclareOptions {
+                passive: true,
+                ..Default::default()
+            };
+            channel
+                .exchange_declare(
+                    endpoint.exchange.as_str().into(),
+                    ExchangeKind::Direct,
+                    options,
+                    FieldTable::default(),
+                )
+                .await?;
+        }
+        let queue = endpoint.declare_queue.as_deref().or(endpoint
+            .exchange
+            .is_empty()
+            .then_some(endpoint.routing_key.as_str()));
+        if let Some(queue) = queue {
+            let options = QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            };
+            channel
+                .queue_declare(queue.into(), options, FieldTable::default())
+                .await?;
+        }
+        Ok::<_, lapin::Error>(())
+    };
+    let result = tokio::time::timeout(limit, checks).await;
+    if channel.status().connected() {
+        let _ = tokio::time::timeout(limit, channel.close(200, "switchyard: probe".into())).await;
+    }
+    match result {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(BrokerError::from_lapin(&e).to_string()),
+        Err(_) => Err(format!("no answer within {} ms", limit.as_millis())),
     }
 }

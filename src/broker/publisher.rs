@@ -31,8 +31,8 @@ use crate::telemetry::Telemetry;
 use futures_util::FutureExt;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use lapin::message::BasicReturnMessage;
-use lapin::options::{BasicPublishOptions, ExchangeDeclareOptions, QueueDeclareOptions};
-use lapin::{BasicProperties, Channel, Confirmation, ExchangeKind};
+use lapin::options::BasicPublishOptions;
+use lapin::{BasicProperties, Channel, Confirmation};
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
@@ -508,7 +508,7 @@ impl Actor {
         let connector = self.connector.clone();
         let endpoint = self.endpoint.clone();
         tokio::spawn(async move {
-            let result = probe(&connector, &endpoint).await;
+            let result = super::health::probe(&connector, &endpoint).await;
             let _ = commands.send(Command::Probed(result));
         });
     }
@@ -616,55 +616,6 @@ impl Actor {
                 text: message.reply_text.to_string(),
             },
         );
-    }
-}
-
-/// Probes one endpoint: a channel on its broker, then passive declarations
-/// of what it publishes to, each on that short-lived channel.
-async fn probe(connector: &Connector, endpoint: &Endpoint) -> Result<(), String> {
-    let limit = endpoint.confirm_timeout;
-    let channel = connector
-        .channel(false, limit)
-        .await
-        .map_err(|e| e.to_string())?;
-    let checks = async {
-        if !endpoint.exchange.is_empty() {
-            let options = ExchangeDeclareOptions {
-                passive: true,
-                ..Default::default()
-            };
-            channel
-                .exchange_declare(
-                    endpoint.exchange.as_str().into(),
-                    ExchangeKind::Direct,
-                    options,
-                    FieldTable::default(),
-                )
-                .await?;
-        }
-        let queue = endpoint.declare_queue.as_deref().or(endpoint
-            .exchange
-            .is_empty()
-            .then_some(endpoint.routing_key.as_str()));
-        if let Some(queue) = queue {
-            let options = QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            };
-            channel
-                .queue_declare(queue.into(), options, FieldTable::default())
-                .await?;
-        }
-        Ok::<_, lapin::Error>(())
-    };
-    let result = tokio::time::timeout(limit, checks).await;
-    if channel.status().connected() {
-        let _ = tokio::time::timeout(limit, channel.close(200, "switchyard: probe".into())).await;
-    }
-    match result {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(BrokerError::from_lapin(&e).to_string()),
-        Err(_) => Err(format!("no answer within {} ms", limit.as_millis())),
     }
 }
 
