@@ -8,15 +8,24 @@
 //! endpoints to try. A message's `x-switchyard-only` restricts the entries
 //! considered to those it names, except that a *required* entry is always
 //! considered.
+//!
+//! Routing a message evaluates the filters on the compiled table in place:
+//! header, property and routing-key filters allocate nothing, and a body
+//! filter parses the body at most once per routing (once as JSON, once as
+//! XML), and only when one is evaluated; a table without body filters never
+//! reads the body.
 
+mod body;
 mod filter;
 mod topic;
 
-pub use filter::{Filter, Property, ValueTest};
+pub use body::{MAX_BODY_BYTES, MAX_BODY_DEPTH};
+pub use filter::{BodyFilterError, Filter, JsonPointer, Property, ValueTest, XPathTest};
 pub use topic::TopicPattern;
 
 use crate::config::Endpoint;
 use crate::envelope::Envelope;
+use body::Body;
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -176,13 +185,14 @@ impl RoutingTable {
                     .as_ref()
                     .is_none_or(|names| names.iter().any(|n| n.as_str() == b.name()))
         };
+        let body = Body::new(&envelope.body);
         let mut chosen: Option<i32> = None;
         let mut plans = Vec::new();
         for branch in &self.branches {
             if chosen.is_some_and(|p| p != branch.priority) {
                 break;
             }
-            if allowed(branch) && branch.filter.matches(envelope) {
+            if allowed(branch) && branch.filter.matches_with(envelope, &body) {
                 chosen = Some(branch.priority);
                 plans.push(branch.plan());
             }
