@@ -129,7 +129,15 @@ impl Branch {
         let start = match self.strategy {
             Strategy::Failover => 0,
             Strategy::RoundRobin => {
-                self.next_start.fetch_add(1, Ordering::Relaxed) % self.endpoints.len()
+                // Kept below the list length, so the rotation never jumps
+                // when a counter would wrap.
+                let n = self.endpoints.len();
+                match self
+                    .next_start
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| Some((s + 1) % n))
+                {
+                    Ok(start) | Err(start) => start,
+                }
             }
         };
         BranchPlan {
@@ -469,5 +477,39 @@ mod tests {
         assert_eq!(starts[1], ["b", "c", "a"]);
         assert_eq!(starts[2], ["c", "a", "b"]);
         assert_eq!(starts[3], ["a", "b", "c"]);
+    }
+
+    #[test]
+    fn round_robin_is_exact_when_many_threads_route_at_once() {
+        let rr = RoutingTable::new(vec![branch(
+            "b",
+            Filter::MatchAll,
+            0,
+            &["a", "b", "c"],
+            Strategy::RoundRobin,
+        )]);
+        let starts: Vec<String> = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..6)
+                .map(|_| {
+                    s.spawn(|| {
+                        (0..1500)
+                            .map(|_| {
+                                let plans = rr.route(&message("k", None));
+                                plans[0].endpoints().next().unwrap().name.clone()
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|w| w.join().unwrap())
+                .collect()
+        });
+        for name in ["a", "b", "c"] {
+            assert_eq!(starts.iter().filter(|s| *s == name).count(), 3000, "{name}");
+        }
+        // The counter stays below the list length, so it never wraps.
+        assert!(rr.branches[0].next_start.load(Ordering::Relaxed) < 3);
     }
 }
