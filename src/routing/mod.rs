@@ -19,7 +19,7 @@ mod body;
 mod filter;
 mod topic;
 
-pub use body::{MAX_BODY_BYTES, MAX_BODY_DEPTH};
+pub use body::{MAX_BODY_BYTES, MAX_BODY_DEPTH, MAX_XML_NODES};
 pub use filter::{BodyFilterError, Filter, JsonPointer, Property, ValueTest, XPathTest};
 pub use topic::TopicPattern;
 
