@@ -232,6 +232,8 @@ routing_key = "out"
         "header",
         "property",
         "routing_key",
+        "json",
+        "xpath",
         "and",
         "or",
         "not",

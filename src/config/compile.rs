@@ -5,7 +5,8 @@ use super::raw::{RawBroker, RawConfig, RawEndpoint, RawFilter, RawFilterEntry};
 use super::{BrokerSpec, DeadLetter, DeadLetterMode, Endpoint, Inbound, QueueType, Settings, Tls};
 use crate::broker::{IdentityError, read_ca_file, read_client_identity, same_vhost, validate_uri};
 use crate::routing::{
-    Branch, Filter, Outage, Property, RoutingTable, Strategy, TopicPattern, ValueTest,
+    Branch, Filter, JsonPointer, Outage, Property, RoutingTable, Strategy, TopicPattern, ValueTest,
+    XPathTest,
 };
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -542,22 +543,15 @@ impl<'a> FilterCompiler<'a> {
             "header" => &["header", "equals", "exists", "regex", "in"],
             "property" => &["property", "equals", "regex", "in"],
             "routing_key" => &["pattern"],
+            "json" => &["pointer", "equals", "exists", "regex", "in"],
+            "xpath" => &["expression", "namespaces"],
             "and" | "or" => &["filters"],
             "not" => &["filter"],
-            "json" | "xpath" => {
-                return Err(InvalidKey::new(
-                    key("type"),
-                    format!(
-                        "filter type \"{}\" is not available in this version",
-                        f.kind
-                    ),
-                ));
-            }
             other => {
                 return Err(InvalidKey::new(
                     key("type"),
                     format!(
-                        "unknown filter type \"{other}\" (expected match_all, header, property, routing_key, and, or, not)"
+                        "unknown filter type \"{other}\" (expected match_all, header, property, routing_key, json, xpath, and, or, not)"
                     ),
                 ));
             }
@@ -593,6 +587,15 @@ impl<'a> FilterCompiler<'a> {
             "routing_key" => {
                 Filter::RoutingKey(TopicPattern::parse(required(&f.pattern, &key("pattern"))?))
             }
+            "json" => {
+                let pointer = required(&f.pointer, &key("pointer"))?;
+                Filter::Json {
+                    pointer: JsonPointer::parse(pointer)
+                        .map_err(|e| InvalidKey::new(key("pointer"), e.to_string()))?,
+                    test: value_test(f, name, true)?,
+                }
+            }
+            "xpath" => Filter::XPath(xpath_test(f, name)?),
             "not" => Filter::Not(self.compile_ref(
                 name,
                 "filter",
@@ -700,6 +703,43 @@ fn value_test(f: &RawFilter, name: &str, exists_allowed: bool) -> Result<ValueTe
             format!("takes only {expected}, not several"),
         )),
     }
+}
+
+fn xpath_test(f: &RawFilter, name: &str) -> Result<XPathTest> {
+    let key = |k: &str| format!("filters.{name}.{k}");
+    let expression = required(&f.expression, &key("expression"))?;
+    let namespaces = f.namespaces.clone().unwrap_or_default();
+    for (prefix, uri) in &namespaces {
+        if !is_ncname(prefix) {
+            return Err(InvalidKey::new(
+                key(&format!("namespaces.{prefix}")),
+                "is not a namespace prefix (a name without \":\", starting with a letter or \"_\")",
+            ));
+        }
+        if uri.is_empty() {
+            return Err(InvalidKey::new(
+                key(&format!("namespaces.{prefix}")),
+                "must be a namespace URI, not empty",
+            ));
+        }
+    }
+    XPathTest::new(expression, namespaces).map_err(|e| {
+        InvalidKey::new(
+            key("expression"),
+            format!(
+                "invalid XPath 1.0 expression: {}",
+                first_line(&e.to_string())
+            ),
+        )
+    })
+}
+
+/// An XML name without a colon, as namespace prefixes are (ASCII letters,
+/// digits, `_`, `-`, `.`, and any non-ASCII letter).
+fn is_ncname(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars.next().is_some_and(|c| c == '_' || c.is_alphabetic())
+        && chars.all(|c| c.is_alphanumeric() || matches!(c, '_' | '-' | '.'))
 }
 
 fn required<'v, T>(value: &'v Option<T>, key: &str) -> Result<&'v T> {

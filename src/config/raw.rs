@@ -231,11 +231,14 @@ pub struct RawFilter {
     pub property: Option<String>,
     /// `routing_key`: the topic pattern.
     pub pattern: Option<String>,
-    /// `json`: an RFC 6901 pointer.
+    /// `json`: an RFC 6901 pointer to the value tested in the body (`""`
+    /// is the whole document).
     pub pointer: Option<String>,
-    /// `xpath`: the expression.
+    /// `xpath`: an XPath 1.0 expression over the body; matches when it is
+    /// true, selects a node, or is a non-zero number or non-empty string.
     pub expression: Option<String>,
-    /// `xpath`: namespace prefixes.
+    /// `xpath`: the namespace prefixes the expression uses, as
+    /// `{ prefix = "uri" }`.
     pub namespaces: Option<BTreeMap<String, String>>,
     /// Matches when the value's text form equals this.
     pub equals: Option<ScalarValue>,

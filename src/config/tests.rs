@@ -264,7 +264,7 @@ fn invalid_configurations_fail_with_their_exact_error() {
         ),
         (
             with("[filters.bad]\ntype = \"fuzzy\""),
-            "test.toml: filters.bad.type: unknown filter type \"fuzzy\" (expected match_all, header, property, routing_key, and, or, not)",
+            "test.toml: filters.bad.type: unknown filter type \"fuzzy\" (expected match_all, header, property, routing_key, json, xpath, and, or, not)",
         ),
         (
             with("[filters.h]\ntype = \"header\"\nheader = \"tenant\""),
@@ -315,8 +315,64 @@ fn invalid_configurations_fail_with_their_exact_error() {
             "test.toml: filters.a: filters refer to each other in a cycle: a -> b -> a",
         ),
         (
-            with("[filters.j]\ntype = \"json\"\npointer = \"/a\"\nequals = 1"),
-            "test.toml: filters.j.type: filter type \"json\" is not available in this version",
+            with("[filters.j]\ntype = \"json\"\nequals = 1"),
+            "test.toml: filters.j.pointer: is required",
+        ),
+        (
+            with("[filters.j]\ntype = \"json\"\npointer = \"a/b\"\nequals = 1"),
+            "test.toml: filters.j.pointer: must be \"\" (the whole document) or start with \"/\" (RFC 6901)",
+        ),
+        (
+            with("[filters.j]\ntype = \"json\"\npointer = \"/a~2\"\nequals = 1"),
+            "test.toml: filters.j.pointer: has a \"~\" not followed by 0 or 1; write \"~\" as ~0 and \"/\" as ~1 (RFC 6901)",
+        ),
+        (
+            with("[filters.j]\ntype = \"json\"\npointer = \"/a\""),
+            "test.toml: filters.j: needs one of equals, exists, regex, in",
+        ),
+        (
+            with("[filters.j]\ntype = \"json\"\npointer = \"/a\"\nequals = 1\nexists = true"),
+            "test.toml: filters.j: takes only one of equals, exists, regex, in, not several",
+        ),
+        (
+            with("[filters.j]\ntype = \"json\"\npointer = \"/a\"\nregex = \"(\""),
+            "test.toml: filters.j.regex: invalid regular expression: error: unclosed group",
+        ),
+        (
+            with("[filters.j]\ntype = \"json\"\npointer = \"/a\"\nheader = \"h\"\nexists = true"),
+            "test.toml: filters.j.header: does not apply to a \"json\" filter",
+        ),
+        (
+            with("[filters.x]\ntype = \"xpath\""),
+            "test.toml: filters.x.expression: is required",
+        ),
+        (
+            with("[filters.x]\ntype = \"xpath\"\nexpression = \"/a[\""),
+            "test.toml: filters.x.expression: invalid XPath 1.0 expression: does not parse (EmptyPredicate)",
+        ),
+        (
+            with("[filters.x]\ntype = \"xpath\"\nexpression = \"\""),
+            "test.toml: filters.x.expression: invalid XPath 1.0 expression: is empty",
+        ),
+        (
+            with("[filters.x]\ntype = \"xpath\"\nexpression = \"/o:order\""),
+            "test.toml: filters.x.expression: invalid XPath 1.0 expression: uses the prefix \"o\", which namespaces does not declare",
+        ),
+        (
+            with("[filters.x]\ntype = \"xpath\"\nexpression = \"nosuch(1)\""),
+            "test.toml: filters.x.expression: invalid XPath 1.0 expression: calls \"nosuch()\", which is not an XPath 1.0 function available here",
+        ),
+        (
+            with("[filters.x]\ntype = \"xpath\"\nexpression = \"/o:a\"\nnamespaces = { \"o:x\" = \"urn:o\" }"),
+            "test.toml: filters.x.namespaces.o:x: is not a namespace prefix (a name without \":\", starting with a letter or \"_\")",
+        ),
+        (
+            with("[filters.x]\ntype = \"xpath\"\nexpression = \"/o:a\"\nnamespaces = { o = \"\" }"),
+            "test.toml: filters.x.namespaces.o: must be a namespace URI, not empty",
+        ),
+        (
+            with("[filters.x]\ntype = \"xpath\"\nexpression = \"/a\"\npointer = \"/a\""),
+            "test.toml: filters.x.pointer: does not apply to a \"xpath\" filter",
         ),
         (
             with("[sessions]\nenabled = true"),

@@ -8,15 +8,24 @@
 //! endpoints to try. A message's `x-switchyard-only` restricts the entries
 //! considered to those it names, except that a *required* entry is always
 //! considered.
+//!
+//! Routing a message evaluates the filters on the compiled table in place:
+//! header, property and routing-key filters allocate nothing, and a body
+//! filter parses the body at most once per routing (once as JSON, once as
+//! XML), and only when one is evaluated; a table without body filters never
+//! reads the body.
 
+mod body;
 mod filter;
 mod topic;
 
-pub use filter::{Filter, Property, ValueTest};
+pub use body::{MAX_BODY_BYTES, MAX_BODY_DEPTH, MAX_XML_NODES};
+pub use filter::{BodyFilterError, Filter, JsonPointer, Property, ValueTest, XPathTest};
 pub use topic::TopicPattern;
 
 use crate::config::Endpoint;
 use crate::envelope::Envelope;
+use body::Body;
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -120,7 +129,15 @@ impl Branch {
         let start = match self.strategy {
             Strategy::Failover => 0,
             Strategy::RoundRobin => {
-                self.next_start.fetch_add(1, Ordering::Relaxed) % self.endpoints.len()
+                // Kept below the list length, so the rotation never jumps
+                // when a counter would wrap.
+                let n = self.endpoints.len();
+                match self
+                    .next_start
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| Some((s + 1) % n))
+                {
+                    Ok(start) | Err(start) => start,
+                }
             }
         };
         BranchPlan {
@@ -176,13 +193,14 @@ impl RoutingTable {
                     .as_ref()
                     .is_none_or(|names| names.iter().any(|n| n.as_str() == b.name()))
         };
+        let body = Body::new(&envelope.body);
         let mut chosen: Option<i32> = None;
         let mut plans = Vec::new();
         for branch in &self.branches {
             if chosen.is_some_and(|p| p != branch.priority) {
                 break;
             }
-            if allowed(branch) && branch.filter.matches(envelope) {
+            if allowed(branch) && branch.filter.matches_with(envelope, &body) {
                 chosen = Some(branch.priority);
                 plans.push(branch.plan());
             }
@@ -465,5 +483,39 @@ mod tests {
         assert_eq!(starts[1], ["b", "c", "a"]);
         assert_eq!(starts[2], ["c", "a", "b"]);
         assert_eq!(starts[3], ["a", "b", "c"]);
+    }
+
+    #[test]
+    fn round_robin_is_exact_when_many_threads_route_at_once() {
+        let rr = RoutingTable::new(vec![branch(
+            "b",
+            Filter::MatchAll,
+            0,
+            &["a", "b", "c"],
+            Strategy::RoundRobin,
+        )]);
+        let starts: Vec<String> = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..6)
+                .map(|_| {
+                    s.spawn(|| {
+                        (0..1500)
+                            .map(|_| {
+                                let plans = rr.route(&message("k", None));
+                                plans[0].endpoints().next().unwrap().name.clone()
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|w| w.join().unwrap())
+                .collect()
+        });
+        for name in ["a", "b", "c"] {
+            assert_eq!(starts.iter().filter(|s| *s == name).count(), 3000, "{name}");
+        }
+        // The counter stays below the list length, so it never wraps.
+        assert!(rr.branches[0].next_start.load(Ordering::Relaxed) < 3);
     }
 }

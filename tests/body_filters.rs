@@ -1,0 +1,284 @@
+//! Body filters against the real broker: a `json` branch and an `xpath`
+//! branch (with a namespace) route real messages; bodies that do not parse,
+//! or that are too large, too deep, not UTF-8, empty or hostile (an entity
+//! bomb) match no body filter, so they are dead-lettered `no-route`, or take
+//! a `match_all` fallback at a lower priority; and the forwarder keeps
+//! forwarding after them.
+
+mod support;
+
+use lapin::BasicProperties;
+use support::harness::{InProcess, base_toml, endpoint_toml};
+use support::{DEFAULT_TIMEOUT, Message, TestBroker, delete_all_with_prefix, unique_prefix};
+
+/// Branch `orders` takes paid JSON orders, branch `invoices` XML invoices
+/// over 100 in the invoices namespace; `fallback` adds a `match_all` entry
+/// at priority -1 to queue `<p>.unread`.
+fn toml(p: &str, mode: &str, fallback: bool) -> String {
+    let mut toml = format!(
+        r#"{base}{orders}{invoices}
+[filters.paid]
+type = "json"
+pointer = "/order/status"
+equals = "paid"
+
+[filters.bigInvoice]
+type = "xpath"
+expression = "/inv:invoice[inv:total > 100]"
+namespaces = {{ inv = "urn:example:invoices" }}
+
+[[filter_table]]
+name = "orders"
+filter = "paid"
+endpoint = "orders"
+
+[[filter_table]]
+name = "invoices"
+filter = "bigInvoice"
+endpoint = "invoices"
+"#,
+        base = base_toml(p, mode),
+        orders = endpoint_toml("orders", "main", &format!("{p}.orders"), true, ""),
+        invoices = endpoint_toml("invoices", "main", &format!("{p}.invoices"), true, ""),
+    );
+    if fallback {
+        toml.push_str(&endpoint_toml(
+            "unread",
+            "main",
+            &format!("{p}.unread"),
+            true,
+            "",
+        ));
+        toml.push_str(
+            r#"
+[filters.all]
+type = "match_all"
+
+[[filter_table]]
+name = "unread"
+filter = "all"
+endpoint = "unread"
+priority = -1
+"#,
+        );
+    }
+    toml
+}
+
+fn invoice(ns: &str, prefix: &str, total: u32) -> Vec<u8> {
+    format!(
+        r#"<?xml version="1.0" encoding="UTF-8"?>
+<{prefix}:invoice xmlns:{prefix}="{ns}"><{prefix}:total>{total}</{prefix}:total></{prefix}:invoice>"#
+    )
+    .into_bytes()
+}
+
+const INVOICES: &str = "urn:example:invoices";
+
+/// Bodies no body filter can read, each with its message id: every one
+/// would match a filter if it could be read.
+fn unreadable() -> Vec<(&'static str, Vec<u8>)> {
+    let deep_json = format!(
+        r#"{{"order": {{"status": "paid", "pad": {}1{}}}}}"#,
+        "[".repeat(200),
+        "]".repeat(200)
+    );
+    let huge_json = format!(
+        r#"{{"order": {{"status": "paid"}}, "pad": "{}"}}"#,
+        "x".repeat(1_100_000)
+    );
+    let deep_xml = format!(
+        r#"<inv:invoice xmlns:inv="{INVOICES}"><inv:total>500</inv:total>{}{}</inv:invoice>"#,
+        "<d>".repeat(200),
+        "</d>".repeat(200)
+    );
+    let laughs = format!(
+        r#"<?xml version="1.0"?>
+<!DOCTYPE inv:invoice [
+ <!ENTITY a "aaaaaaaaaa">
+ <!ENTITY b "&a;&a;&a;&a;&a;&a;&a;&a;&a;&a;">
+ <!ENTITY c "&b;&b;&b;&b;&b;&b;&b;&b;&b;&b;">
+ <!ENTITY d "&c;&c;&c;&c;&c;&c;&c;&c;&c;&c;">
+ <!ENTITY e "&d;&d;&d;&d;&d;&d;&d;&d;&d;&d;">
+ <!ENTITY f "&e;&e;&e;&e;&e;&e;&e;&e;&e;&e;">
+ <!ENTITY g "&f;&f;&f;&f;&f;&f;&f;&f;&f;&f;">
+ <!ENTITY h "&g;&g;&g;&g;&g;&g;&g;&g;&g;&g;">
+ <!ENTITY i "&h;&h;&h;&h;&h;&h;&h;&h;&h;&h;">
+]>
+<inv:invoice xmlns:inv="{INVOICES}"><inv:total>500</inv:total><inv:note>&i;</inv:note></inv:invoice>"#
+    );
+    vec![
+        ("broken-json", br#"{"order": {"status": "paid""#.to_vec()),
+        ("deep-json", deep_json.into_bytes()),
+        ("huge-json", huge_json.into_bytes()),
+        (
+            "invalid-utf8",
+            b"{\"order\": {\"status\": \"paid\", \"note\": \"\xff\xfe\"}}".to_vec(),
+        ),
+        ("empty", Vec::new()),
+        ("broken-xml", invoice(INVOICES, "inv", 500)[..60].to_vec()),
+        ("deep-xml", deep_xml.into_bytes()),
+        ("entity-bomb", laughs.into_bytes()),
+    ]
+}
+
+fn with_id(id: &str) -> BasicProperties {
+    BasicProperties::default().with_message_id(id.into())
+}
+
+fn ids(messages: &[Message]) -> Vec<String> {
+    let mut ids: Vec<String> = messages
+        .iter()
+        .map(|m| {
+            m.properties
+                .message_id()
+                .as_ref()
+                .map(|id| id.as_str().to_owned())
+                .unwrap_or_default()
+        })
+        .collect();
+    ids.sort();
+    ids
+}
+
+fn sorted(mut names: Vec<&str>) -> Vec<String> {
+    names.sort();
+    names.into_iter().map(str::to_owned).collect()
+}
+
+#[tokio::test]
+async fn json_and_xpath_branches_route_and_unreadable_bodies_are_no_route() {
+    let p = unique_prefix("body");
+    let broker = TestBroker::connect(&p).await;
+    let forwarder =
+        InProcess::start_consuming(&toml(&p, "republish", false), &broker, &format!("{p}.in"))
+            .await;
+    let inbound = format!("{p}.in");
+    let readable: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "json-paid",
+            br#"{"order": {"status": "paid", "total": 10}}"#.to_vec(),
+        ),
+        ("json-open", br#"{"order": {"status": "open"}}"#.to_vec()),
+        ("xml-big", invoice(INVOICES, "inv", 250)),
+        ("xml-small", invoice(INVOICES, "inv", 50)),
+        ("xml-own-prefix", invoice(INVOICES, "i", 250)),
+        (
+            "xml-other-namespace",
+            invoice("urn:example:other", "inv", 250),
+        ),
+    ];
+    let unreadable = unreadable();
+    for (id, body) in readable.iter().chain(&unreadable) {
+        broker.publish("", &inbound, body, with_id(id)).await;
+    }
+    // Still forwarding after the hostile bodies.
+    broker
+        .publish(
+            "",
+            &inbound,
+            br#"{"order": {"status": "paid"}}"#,
+            with_id("json-paid-after"),
+        )
+        .await;
+
+    let dead = 2 + 1 + unreadable.len() as u32;
+    broker
+        .await_count(&format!("{p}.orders"), 2, DEFAULT_TIMEOUT)
+        .await;
+    broker
+        .await_count(&format!("{p}.invoices"), 2, DEFAULT_TIMEOUT)
+        .await;
+    broker
+        .await_count(&format!("{p}.dlq"), dead, DEFAULT_TIMEOUT)
+        .await;
+    broker.await_count(&inbound, 0, DEFAULT_TIMEOUT).await;
+    forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
+
+    assert_eq!(
+        ids(&broker.get_all(&format!("{p}.orders")).await),
+        sorted(vec!["json-paid", "json-paid-after"])
+    );
+    assert_eq!(
+        ids(&broker.get_all(&format!("{p}.invoices")).await),
+        sorted(vec!["xml-big", "xml-own-prefix"])
+    );
+    let dead_letters = broker.get_all(&format!("{p}.dlq")).await;
+    let mut expected = vec!["json-open", "xml-small", "xml-other-namespace"];
+    expected.extend(unreadable.iter().map(|(id, _)| *id));
+    assert_eq!(ids(&dead_letters), sorted(expected));
+    for m in &dead_letters {
+        assert_eq!(
+            m.header_str("x-switchyard-reason").as_deref(),
+            Some("no-route"),
+            "{:?}",
+            m.properties.message_id()
+        );
+    }
+    // The dead letters keep their bodies byte for byte, the huge one too.
+    let huge = dead_letters
+        .iter()
+        .find(|m| m.properties.message_id().as_ref().map(|i| i.as_str()) == Some("huge-json"))
+        .unwrap();
+    assert_eq!(huge.body.len(), unreadable[2].1.len());
+    delete_all_with_prefix(&p).await;
+}
+
+#[tokio::test]
+async fn unreadable_bodies_take_a_lower_priority_fallback() {
+    let p = unique_prefix("bodyfb");
+    let broker = TestBroker::connect(&p).await;
+    let forwarder =
+        InProcess::start_consuming(&toml(&p, "nack", true), &broker, &format!("{p}.in")).await;
+    let inbound = format!("{p}.in");
+    let unreadable = unreadable();
+    broker
+        .publish(
+            "",
+            &inbound,
+            br#"{"order": {"status": "paid"}}"#,
+            with_id("json-paid"),
+        )
+        .await;
+    broker
+        .publish(
+            "",
+            &inbound,
+            &invoice(INVOICES, "inv", 101),
+            with_id("xml-big"),
+        )
+        .await;
+    for (id, body) in &unreadable {
+        broker.publish("", &inbound, body, with_id(id)).await;
+    }
+    broker
+        .await_count(
+            &format!("{p}.unread"),
+            unreadable.len() as u32,
+            DEFAULT_TIMEOUT,
+        )
+        .await;
+    broker
+        .await_count(&format!("{p}.orders"), 1, DEFAULT_TIMEOUT)
+        .await;
+    broker
+        .await_count(&format!("{p}.invoices"), 1, DEFAULT_TIMEOUT)
+        .await;
+    broker.await_count(&inbound, 0, DEFAULT_TIMEOUT).await;
+    forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
+
+    assert_eq!(
+        ids(&broker.get_all(&format!("{p}.unread")).await),
+        sorted(unreadable.iter().map(|(id, _)| *id).collect())
+    );
+    assert_eq!(
+        ids(&broker.get_all(&format!("{p}.orders")).await),
+        ["json-paid"]
+    );
+    assert_eq!(
+        ids(&broker.get_all(&format!("{p}.invoices")).await),
+        ["xml-big"]
+    );
+    assert_eq!(broker.queue_len(&format!("{p}.dlq")).await, 0);
+    delete_all_with_prefix(&p).await;
+}
