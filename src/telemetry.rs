@@ -329,6 +329,12 @@ impl Telemetry {
         tracing::error!(%error, "configuration reload rejected; the running configuration stays");
     }
 
+    /// A reload changed `key`, which applies only at start; `effect` says
+    /// what happens meanwhile.
+    pub fn reload_needs_restart(&self, key: &str, effect: &str) {
+        tracing::warn!(key, effect, "this key applies at the next start only");
+    }
+
     /// A configuration reload was asked for, by `trigger`.
     pub fn reload_requested(&self, trigger: &str) {
         tracing::info!(trigger, "reloading the configuration");

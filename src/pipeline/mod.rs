@@ -219,6 +219,10 @@ impl Forwarder {
                 }
             }
         }
+        if next.settings.admin_listen != current.settings.admin_listen {
+            self.telemetry
+                .reload_needs_restart("admin.listen", "the admin listener keeps its address");
+        }
         let next = Arc::new(next);
         self.generation.send_replace(next.clone());
         self.announce(&next);
