@@ -425,3 +425,61 @@ async fn the_binary_reloads_a_file_renamed_over_its_configuration_and_rejects_an
     delete_all_with_prefix(&p).await;
     let _ = std::fs::remove_file(config_file(&p));
 }
+
+/// Whether a connection named exactly `name` is open on the broker.
+async fn connected(name: &str) -> bool {
+    support::connection_names().await.iter().any(|n| n == name)
+}
+
+#[tokio::test]
+async fn a_reload_connects_an_added_broker_and_closes_a_removed_one() {
+    let p = unique_prefix("reload-brokers");
+    let broker = TestBroker::connect(&p).await;
+    let top = base_toml(&p, "nack");
+    let on_broker = |name: &str, queue: &str| {
+        format!(
+            "{}\n[brokers.{name}]\nuri = \"{}\"\n",
+            to_queue(&p, &top, "svc", queue).replace(
+                "[endpoints.svc]\nbroker = \"main\"",
+                &format!("[endpoints.svc]\nbroker = \"{name}\""),
+            ),
+            support::amqp_url()
+        )
+    };
+    let (forwarder, reloads) = start_reloadable(&on_broker("old", "one"));
+    let inbound = format!("{p}.in");
+    wait_consumers(&broker, &inbound, 1).await;
+    broker
+        .publish("", &inbound, b"first", BasicProperties::default())
+        .await;
+    broker
+        .await_count(&format!("{p}.one"), 1, DEFAULT_TIMEOUT)
+        .await;
+    let (old, new) = (format!("{p}/publish/old"), format!("{p}/publish/new"));
+    assert!(connected(&old).await);
+
+    reloads
+        .send(settings(&on_broker("new", "two")))
+        .await
+        .unwrap();
+    wait_generation(&forwarder, 2).await;
+    broker
+        .publish("", &inbound, b"second", BasicProperties::default())
+        .await;
+    broker
+        .await_count(&format!("{p}.two"), 1, DEFAULT_TIMEOUT)
+        .await;
+    assert!(connected(&new).await);
+    // No message in flight uses the removed broker any more.
+    wait_until(
+        "the removed broker's connection is closed",
+        DEFAULT_TIMEOUT,
+        || async { !connected(&old).await },
+    )
+    .await;
+    forwarder.stop().await.unwrap();
+    assert_eq!(broker.queue_len(&format!("{p}.one")).await, 1);
+    assert_eq!(len(&broker, &format!("{p}.dlq")).await, 0);
+    broker.close().await;
+    delete_all_with_prefix(&p).await;
+}
