@@ -20,6 +20,7 @@
 //! - [`admin`]: the HTTP endpoint: `/healthz`, `/readyz`, `/metrics`.
 //! - [`dlq`]: `dlq inspect` and `dlq redrive`, the dead-letter queue read
 //!   in place.
+//! - [`reload`]: new configurations on SIGHUP and on a change of the file.
 //!
 //! The binary is thin: it parses the command line, loads the configuration
 //! and calls [`run_with`].
@@ -32,6 +33,7 @@ pub mod config;
 pub mod dlq;
 pub mod envelope;
 pub mod pipeline;
+pub mod reload;
 pub mod routing;
 pub mod telemetry;
 
@@ -54,6 +56,9 @@ pub struct Options {
     pub config_file: Option<PathBuf>,
     /// An admin listener already bound, used instead of `admin.listen`.
     pub admin: Option<std::net::TcpListener>,
+    /// New configurations to switch to while running (see [`reload`]);
+    /// `None`: the configuration never changes.
+    pub reloads: Option<tokio::sync::mpsc::Receiver<reload::Reload>>,
 }
 
 /// Runs the forwarder on `settings` with default [`Options`] until
@@ -92,7 +97,10 @@ pub async fn run_with(
         shutdown.await;
         trigger.cancel();
     });
-    let forwarder = Forwarder::new(settings, telemetry.clone()).fail_fast(options.fail_fast);
+    let mut forwarder = Forwarder::new(settings, telemetry.clone()).fail_fast(options.fail_fast);
+    if let Some(reloads) = options.reloads {
+        forwarder = forwarder.reloads(reloads);
+    }
     let admin_stop = CancellationToken::new();
     let server = admin.map(|admin| {
         tokio::spawn(admin.serve(telemetry, forwarder.readiness(), admin_stop.clone()))

@@ -142,7 +142,13 @@ fn run(settings: Settings, options: switchyard::Options, format: LogFormat) -> E
         }
     };
     // On a worker, not on the main thread, whose stack is the system's.
-    let forwarder = runtime.spawn(switchyard::run_with(settings, options, shutdown_signal()));
+    let forwarder = runtime.spawn(async move {
+        let mut options = options;
+        if let Some(path) = options.config_file.clone() {
+            options.reloads = Some(switchyard::reload::sources(path, options.telemetry.clone()));
+        }
+        switchyard::run_with(settings, options, shutdown_signal()).await
+    });
     let error = match runtime.block_on(forwarder) {
         Ok(Ok(())) => return ExitCode::SUCCESS,
         Ok(Err(e)) => e.to_string(),
@@ -260,22 +266,10 @@ fn init_tracing(format: LogFormat) {
     }
 }
 
-/// Completes on SIGINT or SIGTERM. SIGHUP, which would otherwise end the
-/// process, is caught and logged: live reload is not available yet.
+/// Completes on SIGINT or SIGTERM. SIGHUP reloads the configuration
+/// ([`switchyard::reload::sources`]).
 async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::hangup()) {
-        Ok(mut hangup) => {
-            tokio::spawn(async move {
-                while hangup.recv().await.is_some() {
-                    tracing::warn!(
-                        "SIGHUP: live reload is not supported in this version; the configuration is unchanged"
-                    );
-                }
-            });
-        }
-        Err(e) => tracing::error!(error = %e, "cannot listen for SIGHUP"),
-    }
     let mut term = match signal(SignalKind::terminate()) {
         Ok(s) => s,
         Err(e) => {

@@ -323,6 +323,23 @@ impl Telemetry {
         tracing::info!(generation, branches, "routing configuration live");
     }
 
+    /// A new configuration was refused (it does not load, or the broker
+    /// refuses what it declares); the running one stays.
+    pub fn reload_rejected(&self, error: &dyn Display) {
+        tracing::error!(%error, "configuration reload rejected; the running configuration stays");
+    }
+
+    /// A reload changed `key`, which applies only at start; `effect` says
+    /// what happens meanwhile.
+    pub fn reload_needs_restart(&self, key: &str, effect: &str) {
+        tracing::warn!(key, effect, "this key applies at the next start only");
+    }
+
+    /// A configuration reload was asked for, by `trigger`.
+    pub fn reload_requested(&self, trigger: &str) {
+        tracing::info!(trigger, "reloading the configuration");
+    }
+
     /// A copy published to `endpoint` was confirmed after `elapsed`.
     pub fn confirmed(&self, elapsed: Duration) {
         self.metrics.confirm_seconds.observe(elapsed.as_secs_f64());

@@ -41,7 +41,7 @@ pub struct Settings {
 }
 
 /// The inbound queue.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Inbound {
     /// Broker name.
     pub broker: String,
@@ -110,7 +110,7 @@ impl std::fmt::Display for DeadLetterMode {
 }
 
 /// The dead-letter destination.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadLetter {
     /// Mode.
     pub mode: DeadLetterMode,
@@ -124,8 +124,9 @@ pub struct DeadLetter {
     pub queue_type: QueueType,
 }
 
-/// A broker connection target.
-#[derive(Clone)]
+/// A broker connection target; equal when the name, the URI and the TLS
+/// material are.
+#[derive(Clone, PartialEq, Eq)]
 pub struct BrokerSpec {
     /// Its name in `[brokers]`.
     pub name: String,
@@ -138,7 +139,7 @@ pub struct BrokerSpec {
 /// configuration names and checked when the configuration was loaded.
 /// Certificate verification is always on; this only adds to what is trusted
 /// and what is shown.
-#[derive(Clone, Default)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct Tls {
     /// CA certificates (PEM) trusted besides the system's roots (`ca_file`).
     pub ca_pem: Option<String>,
@@ -156,7 +157,7 @@ impl std::fmt::Debug for Tls {
 }
 
 /// A client certificate chain and its private key, both PEM.
-#[derive(Clone)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct ClientIdentity {
     /// The certificate chain, the client's own certificate first.
     pub cert_pem: Vec<u8>,
@@ -212,7 +213,7 @@ impl std::fmt::Debug for BrokerSpec {
 }
 
 /// A publish destination.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoint {
     /// Its name in `[endpoints]`.
     pub name: String,

@@ -1,109 +1,215 @@
 //! Consume: deliveries → transactions, under peek-lock.
 //!
-//! Each delivery is routed and its first publishes submitted inline, in
-//! arrival order; the rest of its transaction (confirms, failovers,
-//! settlement) runs as a tracked task, so a slow endpoint delays only its
-//! own messages. A permit per message bounds the work in flight by
-//! `prefetch`, across consumer reconnects too: a transaction keeps its
-//! permit until it ends, even when the channel it came on is gone. While a
-//! publishing broker blocks publishers (a resource alarm), no new message is
-//! taken. When the consumer is lost it is reopened (the queue re-declared
-//! first when `inbound.declare` is on); transactions of the lost channel
-//! start no new publishes, and the broker redelivers their messages
-//! (at-least-once).
+//! Each delivery is screened and routed under the live generation and its
+//! first publishes submitted inline, in arrival order; the rest of its
+//! transaction (confirms, failovers, settlement) runs as a tracked task that
+//! keeps that generation, so a slow endpoint delays only its own messages
+//! and a reload never splits a message between two configurations. A permit
+//! per message bounds the work in flight by `prefetch`, across consumer
+//! reconnects too: a transaction keeps its permit until it ends, even when
+//! the channel it came on is gone. While a publishing broker blocks
+//! publishers (a resource alarm), no new message is taken. When the
+//! consumer is lost it is reopened (the queue re-declared first when
+//! `inbound.declare` is on); transactions of the lost channel start no new
+//! publishes, and the broker redelivers their messages (at-least-once).
+//!
+//! A reload that changes `[inbound]` (or its broker) cancels the consumer,
+//! waits until every transaction has settled on the old channel, closes it
+//! and opens the new consumer with a fresh `prefetch` of permits, so no
+//! message is lost or acked twice.
 
 use super::Forwarder;
 use super::deliver;
+use super::generation::Generation;
 use super::outcome::Verdict;
 use crate::broker::{InboundChannel, Receipt, open_inbound, redeclare_inbound};
 use crate::envelope::Envelope;
+use crate::reload::Reload;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// Consumes until `shutdown`; returns the channel still open, to be closed
-/// once in-flight transactions have drained.
+/// Why the inner consume loop left its channel.
+enum Leave {
+    Shutdown,
+    Lost,
+    Reconfigured,
+}
+
+/// Consumes until `shutdown`, applying each reload `reloads` yields; returns
+/// the channel still open, to be closed once in-flight transactions have
+/// drained.
 pub(super) async fn consume_until(
     forwarder: &Forwarder,
+    reloads: &mut Option<mpsc::Receiver<Reload>>,
     shutdown: &CancellationToken,
     tracker: &TaskTracker,
 ) -> Option<InboundChannel> {
-    let queue = &forwarder.settings.inbound.queue;
     let telemetry = &forwarder.telemetry;
+    let (mut permits, mut prefetch) = permits_for(&forwarder.current());
     let mut delay = Duration::from_millis(100);
     let mut reopening = false;
     while !shutdown.is_cancelled() {
-        if reopening && forwarder.settings.inbound.declare {
+        let generation = forwarder.current();
+        let settings = &generation.settings;
+        let queue = &settings.inbound.queue;
+        if reopening && settings.inbound.declare {
             // A deleted inbound queue comes back; anything else is logged by
             // the open below.
-            let _ = redeclare_inbound(forwarder.topology_connector(), &forwarder.settings).await;
+            let _ = redeclare_inbound(generation.topology_connector(), settings).await;
         }
         reopening = true;
-        let mut inbound =
-            match open_inbound(&forwarder.consume_connector, &forwarder.settings).await {
-                Ok(inbound) => inbound,
-                Err(why) => {
-                    telemetry.consumer_lost(queue, &why.to_string());
-                    tokio::select! {
-                        () = shutdown.cancelled() => return None,
-                        () = tokio::time::sleep(delay) => {}
+        let opened = tokio::select! {
+            () = shutdown.cancelled() => return None,
+            opened = open_inbound(&generation.consume_connector.0, settings) => opened,
+        };
+        let mut inbound = match opened {
+            Ok(inbound) => inbound,
+            Err(why) => {
+                telemetry.consumer_lost(queue, &why.to_string());
+                // A reload may be what fixes the consumer: it is applied at once.
+                tokio::select! {
+                    () = shutdown.cancelled() => return None,
+                    () = tokio::time::sleep(delay) => {}
+                    reload = next_reload(reloads) => {
+                        if forwarder.reload(reload, shutdown).await {
+                            // Transactions of a lost channel end soon; the bound holds meanwhile.
+                            tokio::select! {
+                                () = shutdown.cancelled() => return None,
+                                _ = permits.acquire_many(prefetch) => {}
+                            }
+                            (permits, prefetch) = permits_for(&forwarder.current());
+                        }
                     }
-                    delay = (delay * 2).min(Duration::from_secs(5));
-                    continue;
                 }
-            };
+                delay = (delay * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
         delay = Duration::from_millis(100);
-        telemetry.consuming(queue, forwarder.settings.inbound.prefetch);
+        telemetry.consuming(queue, settings.inbound.prefetch);
         forwarder.consuming.store(true, Ordering::Relaxed);
-        loop {
-            let ready = async {
-                let permit = forwarder.permits.clone().acquire_owned().await;
-                forwarder.wait_until_publishing().await;
-                permit
-            };
-            let permit = tokio::select! {
-                biased;
-                () = shutdown.cancelled() => None,
-                permit = ready => permit.ok(),
-            };
-            let Some(permit) = permit else {
-                forwarder.consuming.store(false, Ordering::Relaxed);
+        drop(generation);
+        let leave = consume_channel(
+            forwarder,
+            reloads,
+            shutdown,
+            tracker,
+            &mut inbound,
+            &permits,
+        )
+        .await;
+        forwarder.consuming.store(false, Ordering::Relaxed);
+        match leave {
+            Leave::Shutdown => {
                 inbound.stop_consuming().await;
                 return Some(inbound);
-            };
-            tokio::select! {
-                biased;
-                () = shutdown.cancelled() => {
-                    forwarder.consuming.store(false, Ordering::Relaxed);
-                    inbound.stop_consuming().await;
-                    return Some(inbound);
+            }
+            Leave::Lost => {
+                inbound.mark_lost();
+                tokio::spawn(inbound.close());
+            }
+            Leave::Reconfigured => {
+                inbound.stop_consuming().await;
+                // Every permit back: every transaction of this channel has settled on it.
+                tokio::select! {
+                    () = shutdown.cancelled() => return Some(inbound),
+                    _ = permits.acquire_many(prefetch) => {}
                 }
-                next = inbound.next() => match next {
-                    Some(Ok((envelope, receipt))) => {
-                        dispatch(forwarder, tracker, envelope, receipt, permit)
-                    }
-                    Some(Err(why)) => {
-                        telemetry.consumer_lost(queue, &why.to_string());
-                        break;
-                    }
-                    None => {
-                        telemetry.consumer_lost(queue, "consumer ended");
-                        break;
-                    }
-                },
+                inbound.close().await;
+                (permits, prefetch) = permits_for(&forwarder.current());
+                reopening = false;
             }
         }
-        forwarder.consuming.store(false, Ordering::Relaxed);
-        inbound.mark_lost();
-        tokio::spawn(inbound.close());
     }
     None
 }
 
-/// Routes one message and starts its transaction, which holds `permit`.
+/// A semaphore of `prefetch` permits for the consumer of `generation`, and
+/// that number.
+fn permits_for(generation: &Generation) -> (Arc<Semaphore>, u32) {
+    let prefetch = generation.settings.inbound.prefetch;
+    (
+        Arc::new(Semaphore::new(usize::from(prefetch))),
+        u32::from(prefetch),
+    )
+}
+
+/// Consumes from one open channel until shutdown, its loss, or a reload that
+/// needs a new consumer.
+async fn consume_channel(
+    forwarder: &Forwarder,
+    reloads: &mut Option<mpsc::Receiver<Reload>>,
+    shutdown: &CancellationToken,
+    tracker: &TaskTracker,
+    inbound: &mut InboundChannel,
+    permits: &Arc<Semaphore>,
+) -> Leave {
+    loop {
+        let ready = async {
+            let permit = permits.clone().acquire_owned().await;
+            forwarder.wait_until_publishing().await;
+            permit
+        };
+        let reload = next_reload(reloads);
+        let permit = tokio::select! {
+            biased;
+            () = shutdown.cancelled() => return Leave::Shutdown,
+            reload = reload => {
+                if forwarder.reload(reload, shutdown).await {
+                    return Leave::Reconfigured;
+                }
+                continue;
+            }
+            permit = ready => match permit {
+                Ok(permit) => permit,
+                Err(_) => return Leave::Shutdown,
+            },
+        };
+        let queue = forwarder.current().settings.inbound.queue.clone();
+        let telemetry = &forwarder.telemetry;
+        tokio::select! {
+            biased;
+            () = shutdown.cancelled() => return Leave::Shutdown,
+            reload = next_reload(reloads) => {
+                drop(permit);
+                if forwarder.reload(reload, shutdown).await {
+                    return Leave::Reconfigured;
+                }
+            }
+            next = inbound.next() => match next {
+                Some(Ok((envelope, receipt))) => {
+                    dispatch(forwarder, tracker, envelope, receipt, permit)
+                }
+                Some(Err(why)) => {
+                    telemetry.consumer_lost(&queue, &why.to_string());
+                    return Leave::Lost;
+                }
+                None => {
+                    telemetry.consumer_lost(&queue, "consumer ended");
+                    return Leave::Lost;
+                }
+            },
+        }
+    }
+}
+
+/// The next reload, or never when there is no source (or it has ended).
+async fn next_reload(reloads: &mut Option<mpsc::Receiver<Reload>>) -> Reload {
+    if let Some(source) = reloads {
+        if let Some(reload) = source.recv().await {
+            return reload;
+        }
+        *reloads = None;
+    }
+    std::future::pending().await
+}
+
+/// Screens and routes one message under the live generation and starts its
+/// transaction, which holds `permit` and that generation until it ends.
 fn dispatch(
     forwarder: &Forwarder,
     tracker: &TaskTracker,
@@ -114,21 +220,19 @@ fn dispatch(
     let telemetry = forwarder.telemetry.clone();
     telemetry.consumed();
     let envelope = Arc::new(envelope);
-    let refused = forwarder.screen.check(&envelope);
+    let generation = forwarder.current();
+    let refused = generation.screen.check(&envelope);
     let started = match refused {
         Some(verdict) => Err(verdict),
         None => {
-            // The transaction keeps the table it was routed with, whatever reloads later.
-            let table = forwarder.routing.borrow().clone();
-            let plans = table.route(&envelope);
+            let plans = generation.settings.routing.route(&envelope);
             if plans.is_empty() {
                 Err(Verdict::no_route())
             } else {
-                Ok(deliver::start(&envelope, plans, &forwarder.publishers))
+                Ok(deliver::start(&envelope, plans, &generation.publishers))
             }
         }
     };
-    let settler = forwarder.settler.clone();
     let abandon = forwarder.abandon.clone();
     telemetry.transaction_started();
     tracker.spawn(async move {
@@ -137,7 +241,7 @@ fn dispatch(
                 Ok(started) => started.finish(receipt.lost()).await.verdict(),
                 Err(verdict) => verdict,
             };
-            settler.settle(&envelope, receipt, verdict).await;
+            generation.settler.settle(&envelope, receipt, verdict).await;
         };
         // Abandoned at the shutdown bound: dropping the receipt requeues the message.
         tokio::select! {

@@ -7,32 +7,33 @@
 //! - [`deliver`]: one confirmed copy per branch, backup lists walked.
 //! - [`outcome`]: branch outcomes and the verdict they reach.
 //! - [`settle`]: verdict → ack or dead letter.
+//! - `generation`: one live configuration compiled into all of the above,
+//!   swapped as one unit on reload.
 //!
 //! [`Forwarder::run`] prepares the broker topology, consumes until
 //! shutdown, then drains in-flight transactions within the configured bound.
+//! A reload (see [`crate::reload`]) is prepared while consuming goes on and
+//! then routes every message consumed after it; transactions in flight
+//! finish under the generation they started with.
 //! [`Readiness`] says whether it is serving: consuming, with an endpoint up
 //! on every branch.
 
 mod consume;
 pub mod deliver;
+mod generation;
 pub mod outcome;
 pub mod screen;
 pub mod settle;
 
-use crate::broker::{
-    Blocking, ConnectError, Connector, EndpointHealth, Publisher, Role, TopologyError,
-    declare_endpoint_queue, prepare_inbound,
-};
-use crate::config::{DeadLetterMode, Endpoint, Settings};
-use crate::routing::RoutingTable;
+use crate::broker::{ConnectError, TopologyError, declare_endpoint_queue, prepare_inbound};
+use crate::config::Settings;
+use crate::reload::Reload;
 use crate::telemetry::Telemetry;
-use deliver::Publishers;
-use settle::Settler;
-use std::collections::BTreeMap;
+use generation::{Common, Generation};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -52,21 +53,12 @@ pub enum RunError {
 
 /// A configured forwarder, not yet connected.
 pub struct Forwarder {
-    settings: Settings,
-    consume_connector: Arc<Connector>,
-    publish_connectors: BTreeMap<String, Arc<Connector>>,
-    publishers: Publishers,
-    settler: Settler,
-    routing: watch::Receiver<Arc<RoutingTable>>,
-    /// Kept so the routing channel stays open; reload publishes through it.
-    _routing_source: watch::Sender<Arc<RoutingTable>>,
-    publishers_stop: CancellationToken,
-    /// Checks before routing: malformed, loop, poison.
-    screen: screen::Screen,
-    /// One per message in flight, `prefetch` in all, across consumer reconnects.
-    permits: Arc<Semaphore>,
-    /// The blocked state of every publishing connection.
-    blocking: Vec<watch::Receiver<Blocking>>,
+    /// The live generation; each transaction keeps the one it started with.
+    generation: watch::Sender<Arc<Generation>>,
+    /// What every generation shares.
+    common: Common,
+    /// New configurations to switch to, each already loaded or rejected.
+    reloads: Option<mpsc::Receiver<Reload>>,
     /// Cancelled when the shutdown bound is reached: unfinished transactions
     /// drop their receipts, which requeues their messages.
     abandon: CancellationToken,
@@ -81,94 +73,28 @@ impl Forwarder {
     /// Builds connectors and publisher tasks, all emitting through
     /// `telemetry`; connects lazily.
     pub fn new(settings: Settings, telemetry: Telemetry) -> Self {
-        let publish_connectors: BTreeMap<String, Arc<Connector>> = settings
-            .brokers
-            .iter()
-            .map(|(name, spec)| {
-                let connector = Connector::new(
-                    spec.clone(),
-                    &settings.name,
-                    Role::Publish,
-                    telemetry.clone(),
-                );
-                (name.clone(), Arc::new(connector))
-            })
-            .collect();
-        let consume_connector = Arc::new(Connector::new(
-            settings.brokers[&settings.inbound.broker].clone(),
-            &settings.name,
-            Role::Consume,
-            telemetry.clone(),
-        ));
-        let publishers_stop = CancellationToken::new();
-        let health_epoch = Arc::new(watch::Sender::new(0));
-        let publishers = Publishers::new(
-            settings.endpoints.values().map(|endpoint| {
-                let health =
-                    EndpointHealth::new(&endpoint.name, health_epoch.clone(), telemetry.clone());
-                Publisher::spawn(
-                    endpoint.clone(),
-                    publish_connectors[&endpoint.broker].clone(),
-                    Arc::new(health),
-                    publishers_stop.clone(),
-                    telemetry.clone(),
-                )
-            }),
-            health_epoch.subscribe(),
-            telemetry.clone(),
-        );
-        let dead_letters = (settings.dead_letter.mode == DeadLetterMode::Republish).then(|| {
-            let endpoint = Arc::new(Endpoint {
-                name: "dead-letter".to_owned(),
-                broker: settings.inbound.broker.clone(),
-                exchange: settings.dead_letter.exchange.clone(),
-                routing_key: settings.dead_letter.routing_key.clone(),
-                declare_queue: None,
-                confirm_timeout: Duration::from_secs(5),
-                retries: 0,
-                headers: Vec::new(),
-                declare_queue_type: Default::default(),
-                probe_interval: Duration::from_secs(1),
-            });
-            let connector = publish_connectors[&settings.inbound.broker].clone();
-            let health =
-                EndpointHealth::new(&endpoint.name, health_epoch.clone(), telemetry.clone());
-            Publisher::spawn(
-                endpoint,
-                connector,
-                Arc::new(health),
-                publishers_stop.clone(),
-                telemetry.clone(),
-            )
-        });
-        let settler = Settler::new(
-            settings.dead_letter.mode,
-            dead_letters,
-            &settings.inbound.queue,
-            telemetry.clone(),
-        );
-        let (routing_source, routing) = watch::channel(settings.routing.clone());
-        let screen =
-            screen::Screen::new(settings.inbound.max_hops, settings.inbound.max_redeliveries);
-        let permits = Arc::new(Semaphore::new(usize::from(settings.inbound.prefetch)));
-        let blocking = publish_connectors.values().map(|c| c.blocking()).collect();
+        let common = Common {
+            health_epoch: Arc::new(watch::Sender::new(0)),
+            publishers_stop: CancellationToken::new(),
+            telemetry: telemetry.clone(),
+        };
+        let first = Generation::build(1, settings, None, &common);
         Self {
-            settings,
-            consume_connector,
-            publish_connectors,
-            publishers,
-            settler,
-            routing,
-            _routing_source: routing_source,
-            publishers_stop,
-            screen,
-            permits,
-            blocking,
+            generation: watch::Sender::new(Arc::new(first)),
+            common,
+            reloads: None,
             abandon: CancellationToken::new(),
             consuming: Arc::new(AtomicBool::new(false)),
             fail_fast: false,
             telemetry,
         }
+    }
+
+    /// Switches to each configuration `reloads` yields, as described in
+    /// [`crate::reload`]; a rejected one is logged and changes nothing.
+    pub fn reloads(mut self, reloads: mpsc::Receiver<Reload>) -> Self {
+        self.reloads = Some(reloads);
+        self
     }
 
     /// With `on`, a broker that refuses the credentials or the vhost at
@@ -183,50 +109,46 @@ impl Forwarder {
     pub fn readiness(&self) -> Readiness {
         Readiness {
             consuming: self.consuming.clone(),
-            routing: self.routing.clone(),
-            publishers: self.publishers.clone(),
+            generation: self.generation.subscribe(),
         }
     }
 
-    /// The connection declarations and the dead-letter probe use: the
-    /// inbound broker's publishing one, so the consuming connection never
-    /// publishes and a resource alarm can never block its acks.
-    fn topology_connector(&self) -> &Connector {
-        &self.publish_connectors[&self.settings.inbound.broker]
+    /// The live generation.
+    fn current(&self) -> Arc<Generation> {
+        self.generation.borrow().clone()
     }
 
-    /// Returns once no publishing broker blocks publishers and no branch
-    /// waits out an outage.
+    /// Returns once no publishing broker of the live generation blocks
+    /// publishers and no branch waits out an outage.
     async fn wait_until_publishing(&self) {
         loop {
-            for blocking in &self.blocking {
+            let generation = self.current();
+            for blocking in &generation.blocking {
                 let _ = blocking.clone().wait_for(|b| !b.blocked).await;
             }
-            self.publishers.no_outage().await;
-            if self.blocking.iter().all(|b| !b.borrow().blocked) {
+            generation.publishers.no_outage().await;
+            if generation.blocking.iter().all(|b| !b.borrow().blocked) {
                 return;
             }
         }
     }
 
     /// Runs until `shutdown` is cancelled, then drains and closes.
-    pub async fn run(self, shutdown: CancellationToken) -> Result<(), RunError> {
-        self.prepare(&shutdown).await?;
+    pub async fn run(mut self, shutdown: CancellationToken) -> Result<(), RunError> {
+        let first = self.current();
+        self.prepare(&first, &shutdown).await?;
         if !shutdown.is_cancelled() {
-            for (branch, endpoints) in self.settings.routing.branch_endpoints() {
-                let names: Vec<&str> = endpoints.iter().map(|e| e.name.as_str()).collect();
-                self.telemetry.branch_known(branch, &names);
-            }
             for reason in outcome::Reason::ALL {
                 self.telemetry.reason_known(reason.as_str());
             }
-            self.telemetry
-                .config_loaded(1, self.settings.routing.branch_names().count());
+            self.announce(&first);
         }
+        drop(first);
+        let mut reloads = self.reloads.take();
         let tracker = TaskTracker::new();
-        let inbound = consume::consume_until(&self, &shutdown, &tracker).await;
+        let inbound = consume::consume_until(&self, &mut reloads, &shutdown, &tracker).await;
         tracker.close();
-        let bound = self.settings.shutdown_timeout;
+        let bound = self.current().settings.shutdown_timeout;
         if tokio::time::timeout(bound, tracker.wait()).await.is_err() {
             self.telemetry.shutdown_bound_reached(tracker.len(), bound);
             self.abandon.cancel();
@@ -235,26 +157,93 @@ impl Forwarder {
         if let Some(inbound) = inbound {
             inbound.close().await;
         }
-        self.publishers_stop.cancel();
+        self.common.publishers_stop.cancel();
+        let last = self.current();
         // Concurrently: a stalled broker must not add its close timeout to every other's.
-        let closes = std::iter::once(&self.consume_connector)
-            .chain(self.publish_connectors.values())
-            .map(|c| c.close());
+        let closes = std::iter::once(&last.consume_connector)
+            .chain(last.publish_connectors.values())
+            .map(|c| c.0.close());
         futures_util::future::join_all(closes).await;
         self.telemetry.stopped();
         Ok(())
     }
 
-    /// Declares what the configuration asks for, retrying while the broker
+    /// Tells telemetry that `generation` is live: its branches, its number.
+    fn announce(&self, generation: &Generation) {
+        let routing = &generation.settings.routing;
+        for (branch, endpoints) in routing.branch_endpoints() {
+            let names: Vec<&str> = endpoints.iter().map(|e| e.name.as_str()).collect();
+            self.telemetry.branch_known(branch, &names);
+        }
+        self.telemetry
+            .config_loaded(generation.number, routing.branch_names().count());
+    }
+
+    /// Loads, prepares and switches to a new configuration; a rejected one
+    /// changes nothing. Returns whether the live generation changed in a
+    /// way that needs a new consumer.
+    async fn reload(&self, reload: Reload, shutdown: &CancellationToken) -> bool {
+        let settings = match reload {
+            Ok(settings) => settings,
+            Err(why) => {
+                self.telemetry.reload_rejected(&why);
+                return false;
+            }
+        };
+        let current = self.current();
+        let next = Generation::build(current.number + 1, settings, Some(&current), &self.common);
+        let inbound_differs = current.inbound_differs(&next);
+        let topology_differs =
+            inbound_differs || current.settings.dead_letter != next.settings.dead_letter;
+        if topology_differs {
+            let prepared = tokio::select! {
+                () = shutdown.cancelled() => return false,
+                prepared = prepare_inbound(next.topology_connector(), &next.settings) => prepared,
+            };
+            if let Err(why) = prepared {
+                self.telemetry.reload_rejected(&why);
+                return false;
+            }
+        }
+        for endpoint in current.endpoints_to_declare(&next) {
+            let connector = &next.publish_connectors[&endpoint.broker].0;
+            match declare_endpoint_queue(connector, endpoint).await {
+                Ok(()) => {}
+                Err(TopologyError::Refused(why)) => {
+                    self.telemetry.reload_rejected(&why);
+                    return false;
+                }
+                Err(TopologyError::Unreachable(why) | TopologyError::Denied(why)) => {
+                    self.telemetry
+                        .endpoint_queue_undeclared(&endpoint.name, &why);
+                }
+            }
+        }
+        if next.settings.admin_listen != current.settings.admin_listen {
+            self.telemetry
+                .reload_needs_restart("admin.listen", "the admin listener keeps its address");
+        }
+        let next = Arc::new(next);
+        self.generation.send_replace(next.clone());
+        self.announce(&next);
+        inbound_differs
+    }
+
+    /// Declares what `generation` asks for, retrying while the broker
     /// is unreachable or refuses the connection (the connector logs that,
     /// with what to fix); a refused declaration is fatal, and so is a
     /// refused connection with fail-fast.
-    async fn prepare(&self, shutdown: &CancellationToken) -> Result<(), RunError> {
+    async fn prepare(
+        &self,
+        generation: &Generation,
+        shutdown: &CancellationToken,
+    ) -> Result<(), RunError> {
+        let settings = &generation.settings;
         let mut delay = Duration::from_millis(200);
         loop {
             let prepared = tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
-                prepared = prepare_inbound(self.topology_connector(), &self.settings) => prepared,
+                prepared = prepare_inbound(generation.topology_connector(), settings) => prepared,
             };
             match prepared {
                 Ok(()) => break,
@@ -272,13 +261,13 @@ impl Forwarder {
             delay = (delay * 2).min(Duration::from_secs(5));
         }
         if self.fail_fast {
-            self.refuse_fast().await?;
+            refuse_fast(generation).await?;
         }
-        for endpoint in self.settings.endpoints.values() {
+        for endpoint in settings.endpoints.values() {
             if endpoint.declare_queue.is_none() {
                 continue;
             }
-            let connector = &self.publish_connectors[&endpoint.broker];
+            let connector = &generation.publish_connectors[&endpoint.broker].0;
             match declare_endpoint_queue(connector, endpoint).await {
                 Ok(()) => {}
                 Err(TopologyError::Refused(why)) => return Err(RunError::Topology(why)),
@@ -293,23 +282,24 @@ impl Forwarder {
         }
         Ok(())
     }
+}
 
-    /// Connects to every other publishing broker once, concurrently: the
-    /// first that refuses the credentials or the vhost is an error. One that
-    /// cannot be reached is left to fail over as usual.
-    async fn refuse_fast(&self) -> Result<(), RunError> {
-        let others = self
-            .publish_connectors
-            .iter()
-            .filter(|(name, _)| **name != self.settings.inbound.broker)
-            .map(|(_, c)| c.connection());
-        for result in futures_util::future::join_all(others).await {
-            if let Err(ConnectError::Refused { reason, .. }) = result {
-                return Err(RunError::Refused(reason));
-            }
+/// Connects to every other publishing broker once, concurrently: the
+/// first that refuses the credentials or the vhost is an error. One that
+/// cannot be reached is left to fail over as usual.
+async fn refuse_fast(generation: &Generation) -> Result<(), RunError> {
+    let inbound = &generation.settings.inbound.broker;
+    let others = generation
+        .publish_connectors
+        .iter()
+        .filter(|(name, _)| *name != inbound)
+        .map(|(_, c)| c.0.connection());
+    for result in futures_util::future::join_all(others).await {
+        if let Err(ConnectError::Refused { reason, .. }) = result {
+            return Err(RunError::Refused(reason));
         }
-        Ok(())
     }
+    Ok(())
 }
 
 /// Whether a forwarder serves: its consumer is consuming and every branch
@@ -317,8 +307,7 @@ impl Forwarder {
 #[derive(Clone)]
 pub struct Readiness {
     consuming: Arc<AtomicBool>,
-    routing: watch::Receiver<Arc<RoutingTable>>,
-    publishers: Publishers,
+    generation: watch::Receiver<Arc<Generation>>,
 }
 
 impl Readiness {
@@ -327,13 +316,15 @@ impl Readiness {
         if !self.consuming.load(Ordering::Relaxed) {
             return Err("not consuming from the inbound queue".to_owned());
         }
-        let table = self.routing.borrow().clone();
-        let down: Vec<String> = table
+        let generation = self.generation.borrow().clone();
+        let down: Vec<String> = generation
+            .settings
+            .routing
             .branch_endpoints()
             .filter(|(_, endpoints)| {
                 !endpoints
                     .iter()
-                    .any(|e| self.publishers.endpoint_up(&e.name))
+                    .any(|e| generation.publishers.endpoint_up(&e.name))
             })
             .map(|(branch, endpoints)| {
                 let names: Vec<&str> = endpoints.iter().map(|e| e.name.as_str()).collect();

@@ -1,0 +1,219 @@
+//! Generation: one live configuration, compiled into everything a
+//! transaction uses — routing table, screen, endpoint publishers, settler
+//! and the connectors behind them — swapped as one unit on reload.
+//!
+//! A transaction holds the generation it started with until it ends, so a
+//! message is routed, published and dead-lettered wholly under one
+//! configuration. A new generation reuses the previous one's connector for
+//! every broker whose definition is unchanged and its publisher for every
+//! endpoint whose definition and broker are unchanged. A connector no
+//! generation uses any more closes its connection; a publisher stops when
+//! its last handle is gone and its confirms are in.
+
+use super::deliver::Publishers;
+use super::screen::Screen;
+use super::settle::Settler;
+use crate::broker::{Blocking, Connector, EndpointHealth, Publisher, Role};
+use crate::config::{DeadLetterMode, Endpoint, Settings};
+use crate::telemetry::Telemetry;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// The name of the publisher of annotated dead-letter copies.
+const DEAD_LETTER_ENDPOINT: &str = "dead-letter";
+
+/// One compiled configuration and the broker handles it publishes through.
+pub struct Generation {
+    /// 1 for the configuration loaded at start, then one more per reload.
+    pub(super) number: u64,
+    pub(super) settings: Settings,
+    pub(super) consume_connector: Arc<Shared>,
+    pub(super) publish_connectors: BTreeMap<String, Arc<Shared>>,
+    pub(super) publishers: Publishers,
+    /// The publisher of annotated copies (`republish` mode).
+    dead_letters: Option<Publisher>,
+    pub(super) settler: Settler,
+    /// Checks before routing: malformed, loop, poison.
+    pub(super) screen: Arc<Screen>,
+    /// The blocked state of every publishing connection.
+    pub(super) blocking: Vec<watch::Receiver<Blocking>>,
+}
+
+/// What every generation of one forwarder shares.
+pub(super) struct Common {
+    /// Bumped on every endpoint health change, whichever generation.
+    pub(super) health_epoch: Arc<watch::Sender<u64>>,
+    /// Cancelled at shutdown: every publisher stops.
+    pub(super) publishers_stop: CancellationToken,
+    pub(super) telemetry: Telemetry,
+}
+
+/// A connector used by one or more generations; when the last of them is
+/// gone its connection is closed (in the background, bounded).
+pub struct Shared(pub(super) Arc<Connector>);
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let connector = self.0.clone();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move { connector.close().await });
+        }
+    }
+}
+
+impl Generation {
+    /// Compiles `settings` into generation `number`, reusing what `previous`
+    /// has for unchanged brokers and endpoints. Connects lazily.
+    pub(super) fn build(
+        number: u64,
+        settings: Settings,
+        previous: Option<&Generation>,
+        common: &Common,
+    ) -> Self {
+        let telemetry = &common.telemetry;
+        let reusable = |name: &str| {
+            previous.filter(|p| {
+                p.settings.name == settings.name
+                    && p.settings.brokers.get(name) == settings.brokers.get(name)
+            })
+        };
+        let publish_connectors: BTreeMap<String, Arc<Shared>> = settings
+            .brokers
+            .iter()
+            .map(|(name, spec)| {
+                let shared = reusable(name)
+                    .and_then(|p| p.publish_connectors.get(name).cloned())
+                    .unwrap_or_else(|| {
+                        Arc::new(Shared(Arc::new(Connector::new(
+                            spec.clone(),
+                            &settings.name,
+                            Role::Publish,
+                            telemetry.clone(),
+                        ))))
+                    });
+                (name.clone(), shared)
+            })
+            .collect();
+        let inbound_broker = &settings.inbound.broker;
+        let consume_connector = reusable(inbound_broker)
+            .filter(|p| p.settings.inbound.broker == *inbound_broker)
+            .map(|p| p.consume_connector.clone())
+            .unwrap_or_else(|| {
+                Arc::new(Shared(Arc::new(Connector::new(
+                    settings.brokers[inbound_broker].clone(),
+                    &settings.name,
+                    Role::Consume,
+                    telemetry.clone(),
+                ))))
+            });
+        let publisher = |endpoint: &Arc<Endpoint>, old: Option<&Publisher>| {
+            let unchanged = old.filter(|old| {
+                **old.endpoint() == **endpoint && reusable(&endpoint.broker).is_some()
+            });
+            match unchanged {
+                Some(old) => old.clone(),
+                None => {
+                    let health = EndpointHealth::new(
+                        &endpoint.name,
+                        common.health_epoch.clone(),
+                        telemetry.clone(),
+                    );
+                    Publisher::spawn(
+                        endpoint.clone(),
+                        publish_connectors[&endpoint.broker].0.clone(),
+                        Arc::new(health),
+                        common.publishers_stop.clone(),
+                        telemetry.clone(),
+                    )
+                }
+            }
+        };
+        let old_publisher = |name: &str| {
+            previous.and_then(|p| p.publishers.all().find(|old| old.endpoint().name == name))
+        };
+        let publishers = Publishers::new(
+            settings
+                .endpoints
+                .values()
+                .map(|endpoint| publisher(endpoint, old_publisher(&endpoint.name))),
+            common.health_epoch.subscribe(),
+            telemetry.clone(),
+        );
+        let dead_letters = (settings.dead_letter.mode == DeadLetterMode::Republish).then(|| {
+            let endpoint = Arc::new(Endpoint {
+                name: DEAD_LETTER_ENDPOINT.to_owned(),
+                broker: settings.inbound.broker.clone(),
+                exchange: settings.dead_letter.exchange.clone(),
+                routing_key: settings.dead_letter.routing_key.clone(),
+                declare_queue: None,
+                confirm_timeout: Duration::from_secs(5),
+                retries: 0,
+                headers: Vec::new(),
+                declare_queue_type: Default::default(),
+                probe_interval: Duration::from_secs(1),
+            });
+            publisher(&endpoint, previous.and_then(|p| p.dead_letters.as_ref()))
+        });
+        let settler = Settler::new(
+            settings.dead_letter.mode,
+            dead_letters.clone(),
+            &settings.inbound.queue,
+            telemetry.clone(),
+        );
+        let (max_hops, max_redeliveries) =
+            (settings.inbound.max_hops, settings.inbound.max_redeliveries);
+        // The same limits keep the redelivery memory: a poison message stays counted.
+        let screen = previous
+            .filter(|p| {
+                (
+                    p.settings.inbound.max_hops,
+                    p.settings.inbound.max_redeliveries,
+                ) == (max_hops, max_redeliveries)
+            })
+            .map(|p| p.screen.clone())
+            .unwrap_or_else(|| Arc::new(Screen::new(max_hops, max_redeliveries)));
+        let blocking = publish_connectors
+            .values()
+            .map(|c| c.0.blocking())
+            .collect();
+        Self {
+            number,
+            settings,
+            consume_connector,
+            publish_connectors,
+            publishers,
+            dead_letters,
+            settler,
+            screen,
+            blocking,
+        }
+    }
+
+    /// The connection declarations and the dead-letter probe use: the
+    /// inbound broker's publishing one, so the consuming connection never
+    /// publishes and a resource alarm can never block its acks.
+    pub(super) fn topology_connector(&self) -> &Connector {
+        &self.publish_connectors[&self.settings.inbound.broker].0
+    }
+
+    /// Whether consuming under `next` needs a new consumer: the inbound
+    /// queue's settings or its broker changed.
+    pub(super) fn inbound_differs(&self, next: &Generation) -> bool {
+        self.settings.inbound != next.settings.inbound
+            || self.settings.name != next.settings.name
+            || !Arc::ptr_eq(&self.consume_connector, &next.consume_connector)
+    }
+
+    /// Endpoints of `next` whose queue must be declared: new or changed.
+    pub(super) fn endpoints_to_declare<'a>(
+        &self,
+        next: &'a Generation,
+    ) -> impl Iterator<Item = &'a Arc<Endpoint>> {
+        next.settings.endpoints.values().filter(|e| {
+            e.declare_queue.is_some() && self.settings.endpoints.get(&e.name) != Some(e)
+        })
+    }
+}
