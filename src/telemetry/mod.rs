@@ -22,25 +22,15 @@
 //! while switchyard goes on retrying; each condition they report is logged
 //! here in switchyard's words.
 
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::Registry;
-use std::collections::HashMap;
+mod metrics;
+
+use metrics::{EndpointLabels, FailoverLabels, Metrics, ReasonLabels};
 use std::fmt::Display;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The `Content-Type` of [`Telemetry::render`]'s output.
 pub const METRICS_CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
-
-/// Upper bounds of the confirm-latency buckets, in seconds: from a fast
-/// local broker (well under a millisecond) to a confirm timeout.
-const CONFIRM_BUCKETS: [f64; 14] = [
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-];
 
 /// Crates whose own log events at info, warn and error are dropped.
 const LIBRARIES: [&str; 2] = ["lapin", "amq_protocol"];
@@ -56,153 +46,6 @@ pub fn library_event_allowed(meta: &tracing::Metadata<'_>) -> bool {
             .is_some_and(|rest| rest.is_empty() || rest.starts_with("::"))
     });
     !(library && meta.is_event() && *meta.level() <= tracing::Level::INFO)
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct RouteLabels {
-    branch: Arc<str>,
-    endpoint: Arc<str>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct FailoverLabels {
-    branch: String,
-    from: String,
-    to: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct ReasonLabels {
-    reason: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct EndpointLabels {
-    endpoint: String,
-}
-
-/// Branch -> endpoint -> counter.
-type ByRoute = HashMap<Arc<str>, HashMap<Arc<str>, Counter>>;
-
-/// Counters labelled by branch and endpoint, found by `&str` without
-/// allocating once a series exists.
-#[derive(Default)]
-struct RouteCounters {
-    family: Family<RouteLabels, Counter>,
-    cache: RwLock<ByRoute>,
-}
-
-impl RouteCounters {
-    fn inc(&self, branch: &str, endpoint: &str) {
-        {
-            let cache = self.cache.read().unwrap_or_else(|e| e.into_inner());
-            if let Some(counter) = cache.get(branch).and_then(|m| m.get(endpoint)) {
-                counter.inc();
-                return;
-            }
-        }
-        self.get(branch, endpoint).inc();
-    }
-
-    /// The series, created (at zero) if need be.
-    fn get(&self, branch: &str, endpoint: &str) -> Counter {
-        let labels = RouteLabels {
-            branch: branch.into(),
-            endpoint: endpoint.into(),
-        };
-        let counter = self.family.get_or_create_owned(&labels);
-        let mut cache = self.cache.write().unwrap_or_else(|e| e.into_inner());
-        cache
-            .entry(labels.branch)
-            .or_default()
-            .insert(labels.endpoint, counter.clone());
-        counter
-    }
-}
-
-struct Metrics {
-    registry: Registry,
-    consumed: Counter,
-    forwarded: RouteCounters,
-    retries: RouteCounters,
-    failovers: Family<FailoverLabels, Counter>,
-    dead_lettered: Family<ReasonLabels, Counter>,
-    confirm_seconds: Histogram,
-    in_flight: Gauge,
-    sessions_open: Gauge,
-    endpoint_up: Family<EndpointLabels, Gauge>,
-    config_generation: Gauge,
-}
-
-impl Metrics {
-    fn new() -> Self {
-        let mut metrics = Self {
-            registry: Registry::default(),
-            consumed: Counter::default(),
-            forwarded: RouteCounters::default(),
-            retries: RouteCounters::default(),
-            failovers: Family::default(),
-            dead_lettered: Family::default(),
-            confirm_seconds: Histogram::new(CONFIRM_BUCKETS),
-            in_flight: Gauge::default(),
-            sessions_open: Gauge::default(),
-            endpoint_up: Family::default(),
-            config_generation: Gauge::default(),
-        };
-        let r = &mut metrics.registry;
-        // Counters are registered without `_total`: the encoder appends it.
-        r.register(
-            "switchyard_messages_consumed",
-            "Messages taken from the inbound queue",
-            metrics.consumed.clone(),
-        );
-        r.register(
-            "switchyard_messages_forwarded",
-            "Copies confirmed by an endpoint, by branch and endpoint",
-            metrics.forwarded.family.clone(),
-        );
-        r.register(
-            "switchyard_endpoint_retries",
-            "Attempts repeated on the same endpoint (endpoints.X.retries), by branch and endpoint",
-            metrics.retries.family.clone(),
-        );
-        r.register(
-            "switchyard_failovers",
-            "Branches that moved from one endpoint of their list to the next",
-            metrics.failovers.clone(),
-        );
-        r.register(
-            "switchyard_dead_lettered",
-            "Messages dead-lettered, by reason",
-            metrics.dead_lettered.clone(),
-        );
-        r.register(
-            "switchyard_confirm_seconds",
-            "Time from publishing a copy to its confirm, per confirmed copy",
-            metrics.confirm_seconds.clone(),
-        );
-        r.register(
-            "switchyard_in_flight",
-            "Inbound messages whose transaction has not ended",
-            metrics.in_flight.clone(),
-        );
-        r.register(
-            "switchyard_sessions_open",
-            "Sessions open now",
-            metrics.sessions_open.clone(),
-        );
-        r.register(
-            "switchyard_endpoint_up",
-            "1 while an endpoint is used, 0 while it is down and probed",
-            metrics.endpoint_up.clone(),
-        );
-        r.register(
-            "switchyard_config_generation",
-            "Generation of the routing configuration now live (0 before the first)",
-            metrics.config_generation.clone(),
-        );
-        metrics
-    }
 }
 
 /// The forwarder's log events and metrics. Cheap to clone: one `Arc`.

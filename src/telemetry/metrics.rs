@@ -1,0 +1,166 @@
+//! The metrics behind [`super::Telemetry`]: one `prometheus-client`
+//! registry with every series the forwarder exports, and the per-route
+//! counters that make counting a forwarded copy allocation-free once its
+//! series exists.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+/// Upper bounds of the confirm-latency buckets, in seconds: from a fast
+/// local broker (well under a millisecond) to a confirm timeout.
+const CONFIRM_BUCKETS: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct RouteLabels {
+    pub(super) branch: Arc<str>,
+    pub(super) endpoint: Arc<str>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct FailoverLabels {
+    pub(super) branch: String,
+    pub(super) from: String,
+    pub(super) to: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct ReasonLabels {
+    pub(super) reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct EndpointLabels {
+    pub(super) endpoint: String,
+}
+
+/// Branch -> endpoint -> counter.
+pub(super) type ByRoute = HashMap<Arc<str>, HashMap<Arc<str>, Counter>>;
+
+/// Counters labelled by branch and endpoint, found by `&str` without
+/// allocating once a series exists.
+#[derive(Default)]
+pub(super) struct RouteCounters {
+    pub(super) family: Family<RouteLabels, Counter>,
+    pub(super) cache: RwLock<ByRoute>,
+}
+
+impl RouteCounters {
+    pub(super) fn inc(&self, branch: &str, endpoint: &str) {
+        {
+            let cache = self.cache.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(counter) = cache.get(branch).and_then(|m| m.get(endpoint)) {
+                counter.inc();
+                return;
+            }
+        }
+        self.get(branch, endpoint).inc();
+    }
+
+    /// The series, created (at zero) if need be.
+    pub(super) fn get(&self, branch: &str, endpoint: &str) -> Counter {
+        let labels = RouteLabels {
+            branch: branch.into(),
+            endpoint: endpoint.into(),
+        };
+        let counter = self.family.get_or_create_owned(&labels);
+        let mut cache = self.cache.write().unwrap_or_else(|e| e.into_inner());
+        cache
+            .entry(labels.branch)
+            .or_default()
+            .insert(labels.endpoint, counter.clone());
+        counter
+    }
+}
+
+pub(super) struct Metrics {
+    pub(super) registry: Registry,
+    pub(super) consumed: Counter,
+    pub(super) forwarded: RouteCounters,
+    pub(super) retries: RouteCounters,
+    pub(super) failovers: Family<FailoverLabels, Counter>,
+    pub(super) dead_lettered: Family<ReasonLabels, Counter>,
+    pub(super) confirm_seconds: Histogram,
+    pub(super) in_flight: Gauge,
+    pub(super) sessions_open: Gauge,
+    pub(super) endpoint_up: Family<EndpointLabels, Gauge>,
+    pub(super) config_generation: Gauge,
+}
+
+impl Metrics {
+    pub(super) fn new() -> Self {
+        let mut metrics = Self {
+            registry: Registry::default(),
+            consumed: Counter::default(),
+            forwarded: RouteCounters::default(),
+            retries: RouteCounters::default(),
+            failovers: Family::default(),
+            dead_lettered: Family::default(),
+            confirm_seconds: Histogram::new(CONFIRM_BUCKETS),
+            in_flight: Gauge::default(),
+            sessions_open: Gauge::default(),
+            endpoint_up: Family::default(),
+            config_generation: Gauge::default(),
+        };
+        let r = &mut metrics.registry;
+        // Counters are registered without `_total`: the encoder appends it.
+        r.register(
+            "switchyard_messages_consumed",
+            "Messages taken from the inbound queue",
+            metrics.consumed.clone(),
+        );
+        r.register(
+            "switchyard_messages_forwarded",
+            "Copies confirmed by an endpoint, by branch and endpoint",
+            metrics.forwarded.family.clone(),
+        );
+        r.register(
+            "switchyard_endpoint_retries",
+            "Attempts repeated on the same endpoint (endpoints.X.retries), by branch and endpoint",
+            metrics.retries.family.clone(),
+        );
+        r.register(
+            "switchyard_failovers",
+            "Branches that moved from one endpoint of their list to the next",
+            metrics.failovers.clone(),
+        );
+        r.register(
+            "switchyard_dead_lettered",
+            "Messages dead-lettered, by reason",
+            metrics.dead_lettered.clone(),
+        );
+        r.register(
+            "switchyard_confirm_seconds",
+            "Time from publishing a copy to its confirm, per confirmed copy",
+            metrics.confirm_seconds.clone(),
+        );
+        r.register(
+            "switchyard_in_flight",
+            "Inbound messages whose transaction has not ended",
+            metrics.in_flight.clone(),
+        );
+        r.register(
+            "switchyard_sessions_open",
+            "Sessions open now",
+            metrics.sessions_open.clone(),
+        );
+        r.register(
+            "switchyard_endpoint_up",
+            "1 while an endpoint is used, 0 while it is down and probed",
+            metrics.endpoint_up.clone(),
+        );
+        r.register(
+            "switchyard_config_generation",
+            "Generation of the routing configuration now live (0 before the first)",
+            metrics.config_generation.clone(),
+        );
+        metrics
+    }
+}
