@@ -13,7 +13,8 @@
 //!   [`config::Settings`], which cannot be invalid.
 //! - [`routing`]: filters and the compiled filter table. Pure, no I/O.
 //! - [`envelope`]: the inbound message as the pipeline sees it.
-//! - [`pipeline`]: consume → route → deliver → settle.
+//! - [`pipeline`]: consume → screen → route → deliver → settle, one
+//!   configuration generation per transaction.
 //! - [`broker`]: every lapin type: connections, confirm channels, the
 //!   consumer and its acks, topology.
 //! - [`telemetry`]: log events and metrics, named once, in a handle.

@@ -1,4 +1,4 @@
-//! The forwarding pipeline: consume → route → deliver → settle.
+//! The forwarding pipeline: consume → screen → route → deliver → settle.
 //!
 //! - [`consume`]: deliveries → envelopes under peek-lock, one transaction
 //!   task each, reconnecting the consumer when it is lost.
