@@ -3,15 +3,15 @@
 //! reconnection. The rest of the crate speaks in envelopes, endpoints and
 //! outcomes.
 //!
-//! - [`connector`]: one supervised connection per broker and role, rebuilt
+//! - `connector`: one supervised connection per broker and role, rebuilt
 //!   on demand with jittered backoff.
-//! - [`publisher`]: one long-lived confirm channel per endpoint; many
+//! - `publisher`: one long-lived confirm channel per endpoint; many
 //!   publishes in flight, each confirm (and return) attributed to its own
 //!   publish.
-//! - [`inbound`]: the consuming connection: qos, peek-lock consume, and the
+//! - `inbound`: the consuming connection: qos, peek-lock consume, and the
 //!   settle actor that batches acks.
-//! - [`topology`]: startup declarations and the dead-letter checks.
-//! - [`dlq_reader`]: the dead-letter queue read without removing, and
+//! - `topology`: startup declarations and the dead-letter checks.
+//! - `dlq_reader`: the dead-letter queue read without removing, and
 //!   copies put back on the inbound queue, for `dlq inspect` / `redrive`.
 //! - `error`: broker errors with their reply codes, classified by fault.
 //! - `health`: endpoint health, marked by publishers, read by deliveries.

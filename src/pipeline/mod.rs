@@ -1,6 +1,6 @@
 //! The forwarding pipeline: consume → screen → route → deliver → settle.
 //!
-//! - [`consume`]: deliveries → envelopes under peek-lock, one transaction
+//! - `consume`: deliveries → envelopes under peek-lock, one transaction
 //!   task each, reconnecting the consumer when it is lost.
 //! - [`screen`]: the verdict for a message that must not be forwarded.
 //! - route: [`crate::routing`], pure.
