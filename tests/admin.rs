@@ -1,6 +1,6 @@
 //! The admin endpoint over real HTTP against a forwarder on the real broker:
 //! `/healthz`, `/readyz` following the consumer and endpoint health,
-//! `/metrics` in the Prometheus text format with every SPEC section 7 metric
+//! `/metrics` in the Prometheus text format with every documented metric
 //! moving as messages are forwarded, fail over and are dead-lettered. Each
 //! forwarder has its own metrics, so the counts are exact even with other
 //! tests' forwarders running in this process.

@@ -1,4 +1,4 @@
-//! The command line (SPEC 2, 3): `check` validates a configuration without
+//! The command line: `check` validates a configuration without
 //! touching a broker, prints a summary without secrets, and reports an
 //! invalid one as one line naming the file and the key, with exit code 2.
 //! `--config` falls back to `$SWITCHYARD_CONFIG`, then `config/switchyard.toml`,

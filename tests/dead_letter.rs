@@ -1,6 +1,6 @@
 //! Dead letters: an exhausted backup list and a message no filter matches
 //! go to the dead-letter queue, in both modes, with the delivered branches
-//! never sent twice and (in republish mode) the SPEC's annotations.
+//! never sent twice and (in republish mode) the documented annotations.
 
 mod support;
 

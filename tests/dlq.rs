@@ -1,4 +1,4 @@
-//! `switchyard dlq inspect` and `dlq redrive` (SPEC 2, 6), the real binary
+//! `switchyard dlq inspect` and `dlq redrive`, the real binary
 //! against real dead letters made by the forwarder running in-process:
 //! listings in both dead-letter modes with every filter, the queue left
 //! unchanged in content and order; redrive of partially delivered messages

@@ -1,4 +1,4 @@
-//! Quorum queues (SPEC 8, queue types): the seed scenario with a quorum
+//! Quorum queues (queue types): the seed scenario with a quorum
 //! inbound queue, quorum destinations and a quorum dead-letter queue
 //! forwards and dead-letters in both modes; an existing quorum queue is
 //! accepted with `declare = false` (whatever other arguments an operator gave

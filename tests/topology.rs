@@ -1,4 +1,4 @@
-//! Startup safety of dead-lettering (SPEC 1.6, 3): in `nack` mode the broker
+//! Startup safety of dead-lettering: in `nack` mode the broker
 //! routes a nacked message through the inbound queue's dead-letter exchange,
 //! so the forwarder declares the queue with its dead-letter arguments, and
 //! refuses to start when an existing queue has other arguments or the

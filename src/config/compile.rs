@@ -339,7 +339,7 @@ fn compile_dead_letter(raw: &RawConfig) -> Result<DeadLetter> {
 }
 
 /// Refuses an endpoint that publishes straight back into the inbound queue
-/// (SPEC 8): on the inbound's broker (by name, or by host, port and vhost),
+/// (docs/configuration.md): on the inbound's broker (by name, or by host, port and vhost),
 /// through the default exchange with the inbound queue as routing key, or
 /// declaring the inbound queue as its destination.
 fn check_endpoint_loop(

@@ -1,4 +1,4 @@
-//! Validation: the SPEC's example loads, and each invalid configuration
+//! Validation: the contract's annotated example (config/spec-example.toml) loads, and each invalid configuration
 //! fails with its exact one-line error.
 
 use super::{DeadLetterMode, QueueType, load_str};

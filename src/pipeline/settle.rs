@@ -3,7 +3,7 @@
 //! Commit acks. A dead letter in `nack` mode is `basic.nack(requeue=false)`:
 //! the broker routes it through the inbound queue's dead-letter exchange,
 //! which startup verified. In `republish` mode an annotated copy (the
-//! `x-switchyard-*` headers of SPEC section 6) is published with a confirm
+//! `x-switchyard-*` headers listed in docs/configuration.md) is published with a confirm
 //! and only then is the original acked. A copy that cannot be confirmed is
 //! retried with capped backoff while the original stays unacked, so
 //! delivered branches are never sent again; a copy the broker refuses for

@@ -9,7 +9,7 @@
 //! metrics.
 //!
 //! Metrics live in a `prometheus-client` registry and [`Telemetry::render`]
-//! writes them in the Prometheus text format (SPEC section 7). Labels are
+//! writes them in the Prometheus text format (docs/operations.md lists them). Labels are
 //! only names from the configuration (branches, endpoints, dead-letter
 //! reasons), never anything a message carries, so every series is bounded.
 //! On the hot path counting a forwarded copy is an atomic increment behind a
