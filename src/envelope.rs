@@ -117,22 +117,37 @@ pub fn value_depth(value: &AmqpValue) -> usize {
 /// The deepest nesting under `roots`, each given with the depth of the
 /// container holding it.
 fn deepest<'a>(roots: impl Iterator<Item = (&'a AmqpValue, usize)>) -> usize {
-    let mut pending: Vec<(&AmqpValue, usize)> = roots.collect();
+    // Only containers are queued, so the common message (scalar headers
+    // only) is walked without allocating.
+    let mut pending: Vec<(&AmqpValue, usize)> = Vec::new();
+    pending.extend(roots.filter(|(v, _)| is_container(v)));
     let mut max = 0;
     while let Some((value, outer)) = pending.pop() {
+        max = max.max(outer + 1);
+        let inner = outer + 1;
         match value {
-            AmqpValue::FieldTable(table) => {
-                max = max.max(outer + 1);
-                pending.extend(table.inner().values().map(|v| (v, outer + 1)));
-            }
-            AmqpValue::FieldArray(array) => {
-                max = max.max(outer + 1);
-                pending.extend(array.as_slice().iter().map(|v| (v, outer + 1)));
-            }
+            AmqpValue::FieldTable(table) => pending.extend(
+                table
+                    .inner()
+                    .values()
+                    .filter(|v| is_container(v))
+                    .map(|v| (v, inner)),
+            ),
+            AmqpValue::FieldArray(array) => pending.extend(
+                array
+                    .as_slice()
+                    .iter()
+                    .filter(|v| is_container(v))
+                    .map(|v| (v, inner)),
+            ),
             _ => {}
         }
     }
     max
+}
+
+fn is_container(value: &AmqpValue) -> bool {
+    matches!(value, AmqpValue::FieldTable(_) | AmqpValue::FieldArray(_))
 }
 
 /// The text form of a scalar AMQP value: strings as UTF-8 (lossy), numbers

@@ -37,37 +37,49 @@ pub fn content_header_frame(properties: &Properties) -> usize {
 
 /// Encoded size of a field table: its length prefix and every entry.
 pub fn table_size(table: &FieldTable) -> usize {
+    // Nested containers are queued rather than recursed into; scalars are
+    // counted in place, so flat headers are measured without allocating.
+    let mut nested: Vec<&AmqpValue> = Vec::new();
     let mut size = 4;
-    let mut pending: Vec<&AmqpValue> = Vec::new();
     for (key, value) in table.inner() {
-        size += 1 + key.as_str().len();
-        pending.push(value);
+        size += 1 + key.as_str().len() + value_size(value, &mut nested);
     }
-    while let Some(value) = pending.pop() {
-        size += 1 + match value {
-            AmqpValue::Boolean(_) | AmqpValue::ShortShortInt(_) | AmqpValue::ShortShortUInt(_) => 1,
-            AmqpValue::ShortInt(_) | AmqpValue::ShortUInt(_) => 2,
-            AmqpValue::LongInt(_) | AmqpValue::LongUInt(_) | AmqpValue::Float(_) => 4,
-            AmqpValue::LongLongInt(_) | AmqpValue::Double(_) | AmqpValue::Timestamp(_) => 8,
-            AmqpValue::DecimalValue(_) => 5,
-            AmqpValue::ShortString(s) => 1 + s.as_str().len(),
-            AmqpValue::LongString(s) => 4 + s.as_bytes().len(),
-            AmqpValue::ByteArray(b) => 4 + b.as_slice().len(),
-            AmqpValue::Void => 0,
+    while let Some(container) = nested.pop() {
+        match container {
             AmqpValue::FieldArray(items) => {
-                pending.extend(items.as_slice());
-                4
+                for value in items.as_slice() {
+                    size += value_size(value, &mut nested);
+                }
             }
             AmqpValue::FieldTable(inner) => {
                 for (key, value) in inner.inner() {
-                    pending.push(value);
-                    size += 1 + key.as_str().len();
+                    size += 1 + key.as_str().len() + value_size(value, &mut nested);
                 }
-                4
             }
-        };
+            _ => {}
+        }
     }
     size
+}
+
+/// The encoded size of `value` itself (type tag and payload); a container's
+/// elements are left in `nested` to be counted by the caller.
+fn value_size<'a>(value: &'a AmqpValue, nested: &mut Vec<&'a AmqpValue>) -> usize {
+    1 + match value {
+        AmqpValue::Boolean(_) | AmqpValue::ShortShortInt(_) | AmqpValue::ShortShortUInt(_) => 1,
+        AmqpValue::ShortInt(_) | AmqpValue::ShortUInt(_) => 2,
+        AmqpValue::LongInt(_) | AmqpValue::LongUInt(_) | AmqpValue::Float(_) => 4,
+        AmqpValue::LongLongInt(_) | AmqpValue::Double(_) | AmqpValue::Timestamp(_) => 8,
+        AmqpValue::DecimalValue(_) => 5,
+        AmqpValue::ShortString(s) => 1 + s.as_str().len(),
+        AmqpValue::LongString(s) => 4 + s.as_bytes().len(),
+        AmqpValue::ByteArray(b) => 4 + b.as_slice().len(),
+        AmqpValue::Void => 0,
+        AmqpValue::FieldArray(_) | AmqpValue::FieldTable(_) => {
+            nested.push(value);
+            4
+        }
+    }
 }
 
 #[cfg(test)]
