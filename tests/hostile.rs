@@ -15,9 +15,8 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use lapin::options::BasicPublishOptions;
+use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldArray, FieldTable};
-use lapin::{BasicProperties, Confirmation};
 use support::harness::{Process, base_toml, seed_toml, wait_consumers};
 use support::{
     Message, TestBroker, amqp_str, delete_all_with_prefix, ready_unacked, unique_prefix, wait_until,
@@ -100,37 +99,6 @@ fn normal_props(id: &str, n: usize) -> BasicProperties {
         .with_headers(headers)
 }
 
-/// Pipelines one mandatory publish per `(body, properties)` to `queue`, then
-/// awaits every confirm.
-async fn publish_all(broker: &TestBroker, queue: &str, messages: Vec<(String, BasicProperties)>) {
-    let mut pending = Vec::with_capacity(messages.len());
-    for (body, props) in messages {
-        let confirm = broker
-            .channel()
-            .basic_publish(
-                "".into(),
-                queue.into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..BasicPublishOptions::default()
-                },
-                body.as_bytes(),
-                props,
-            )
-            .await
-            .unwrap_or_else(|e| panic!("publish {body}: {e}"));
-        pending.push((body, confirm));
-    }
-    for (body, confirm) in pending {
-        match confirm.await {
-            Ok(Confirmation::Ack(None)) => {}
-            Ok(Confirmation::Ack(Some(_))) => panic!("publish {body}: returned"),
-            Ok(other) => panic!("publish {body}: not acked ({other:?})"),
-            Err(e) => panic!("publish {body}: {e}"),
-        }
-    }
-}
-
 /// How many times each body occurs.
 fn tally<'a>(messages: impl IntoIterator<Item = &'a Message>) -> BTreeMap<String, usize> {
     let mut counts = BTreeMap::new();
@@ -191,7 +159,7 @@ async fn hostile_run(
     for d in pending_deep {
         messages.push((d.id.clone(), deep_props(d)));
     }
-    publish_all(&broker, &inbound, messages).await;
+    broker.publish_each("", &inbound, messages).await;
 
     let expected_dlq = deep.len() as u32;
     wait_until(
@@ -386,7 +354,7 @@ async fn five_thousand_small_headers_are_forwarded_intact() {
         })
         .collect();
     messages.insert(5, (wide.clone(), wide_props));
-    publish_all(&broker, &inbound, messages).await;
+    broker.publish_each("", &inbound, messages).await;
 
     wait_until(
         "11 copies on each branch and the inbound queue settled",

@@ -7,8 +7,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use lapin::options::BasicPublishOptions;
-use lapin::{BasicProperties, Confirmation};
+use lapin::BasicProperties;
 use support::harness::{
     Process, consumer_count, endpoint_toml, seed_toml, top_toml, wait_consumers,
 };
@@ -25,33 +24,13 @@ fn two_branch_toml(p: &str, prefetch: u32) -> String {
 /// Pipelines one persistent, mandatory publish per body to `queue` (default
 /// exchange) with `message_id = body`, then awaits every confirm.
 async fn publish_with_ids(broker: &TestBroker, queue: &str, bodies: &[String]) {
-    let mut pending = Vec::with_capacity(bodies.len());
-    for body in bodies {
+    let messages = bodies.iter().map(|body| {
         let props = BasicProperties::default()
             .with_message_id(body.as_str().into())
             .with_delivery_mode(2);
-        let confirm = broker
-            .channel()
-            .basic_publish(
-                "".into(),
-                queue.into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..BasicPublishOptions::default()
-                },
-                body.as_bytes(),
-                props,
-            )
-            .await
-            .unwrap_or_else(|e| panic!("publish {body} to {queue}: {e}"));
-        pending.push((body, confirm));
-    }
-    for (body, confirm) in pending {
-        match confirm.await {
-            Ok(Confirmation::Ack(None)) => {}
-            other => panic!("publish {body} to {queue} not confirmed: {other:?}"),
-        }
-    }
+        (body.as_bytes(), props)
+    });
+    broker.publish_each("", queue, messages).await;
 }
 
 /// Waits until `queue` holds exactly `ready` ready and `unacked` unacked messages.

@@ -313,8 +313,19 @@ impl TestBroker {
         I: IntoIterator<Item = B>,
         B: AsRef<[u8]>,
     {
+        let messages = bodies.into_iter().map(|body| (body, props.clone()));
+        self.publish_each(exchange, routing_key, messages).await
+    }
+
+    /// Pipelines one mandatory publish per `(body, properties)`, then awaits
+    /// all confirms (panics unless all acked and routed); returns the count.
+    pub async fn publish_each<I, B>(&self, exchange: &str, routing_key: &str, messages: I) -> usize
+    where
+        I: IntoIterator<Item = (B, BasicProperties)>,
+        B: AsRef<[u8]>,
+    {
         let mut pending = Vec::new();
-        for body in bodies {
+        for (body, props) in messages {
             let confirm = self
                 .channel
                 .basic_publish(
@@ -325,7 +336,7 @@ impl TestBroker {
                         ..BasicPublishOptions::default()
                     },
                     body.as_ref(),
-                    props.clone(),
+                    props,
                 )
                 .await
                 .unwrap_or_else(|e| {
