@@ -139,15 +139,16 @@ impl Sessions {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Takes one message of session `id`, consumed under `generation`
-    /// (whose sessions settings are `config`).
+    /// Takes one message of session `id`, consumed under `generation`,
+    /// whose sessions settings are `config`.
     pub(super) fn admit(
         &self,
         id: Arc<str>,
         arrival: Arrival,
-        generation: Arc<Generation>,
+        generation: &Arc<Generation>,
         config: &config::Sessions,
     ) {
+        let generation = generation.clone();
         let mut registry = self.lock();
         registry.forget_closed(config.closed_ttl);
         let mut arrival = arrival;
