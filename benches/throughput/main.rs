@@ -1,8 +1,8 @@
 //! `cargo bench --bench throughput [-- OPTIONS]`: switchyard, as its release
 //! binary in a process of its own, against RabbitMQ's Shovel on the same
 //! broker, from preloaded backlogs; medians of alternating rounds in one
-//! table. `--help` lists the options; `bench/README.md` says how to read
-//! the output.
+//! table. `--help` lists the options; `bench/README.md` says how to run
+//! it and `BENCHMARKS.md` how to read the output.
 //!
 //! Built on the integration tests' kit (`tests/support`): its broker client
 //! preloads and polls, its harness writes the configurations and runs the
@@ -32,6 +32,7 @@ use target::{SHOVEL_PLUGIN, Target, redact};
 #[derive(Parser, Debug, Clone)]
 #[command(
     name = "throughput",
+    bin_name = "cargo bench --bench throughput --",
     about = "switchyard vs RabbitMQ Shovel: throughput, CPU per copy, latency, memory"
 )]
 pub struct Opts {
@@ -71,12 +72,13 @@ pub struct Opts {
     /// F2 at --backlog and at --scale-backlog instead of the default run.
     #[arg(long)]
     scale: bool,
+    /// The larger backlog of --scale.
     #[arg(long, default_value_t = 1_000_000)]
     scale_backlog: u64,
     /// A run whose counts do not move for this many seconds fails.
     #[arg(long, default_value_t = 60)]
     stall_secs: u64,
-    /// Passed by `cargo bench`; ignored.
+    /// Passed by `cargo bench`; without it (`cargo test --benches`) nothing runs.
     #[arg(long, hide = true)]
     bench: bool,
 }
@@ -100,6 +102,10 @@ impl Opts {
 #[tokio::main]
 async fn main() -> ExitCode {
     let opts = Opts::parse();
+    if !opts.bench {
+        eprintln!("throughput: a benchmark; run it with `cargo bench --bench throughput`");
+        return ExitCode::SUCCESS;
+    }
     if opts.rounds == 0 || opts.backlog == 0 {
         eprintln!("throughput: --rounds and --backlog must be at least 1");
         return ExitCode::FAILURE;
