@@ -181,24 +181,30 @@ pub async fn scale(opts: &Opts, ctx: &Arc<Ctx>, run_prefix: &str) -> Result<(), 
     Ok(())
 }
 
-/// The runs whose after-run check found something, and those whose window
-/// had to include start-up.
+/// Cores of other work above which a run's rate is called depressed.
+const BUSY: f64 = 0.5;
+
+/// The runs whose after-run check found something, those whose window had
+/// to include start-up, and those that shared the machine with other work.
 fn notes(all: &[Outcome]) {
     for o in all {
+        let run = format!(
+            "round {} {} {}",
+            o.plan.round,
+            o.plan.row.label(),
+            report::size_label(o.plan.size)
+        );
         for note in &o.notes {
-            println!(
-                "NOTE round {} {} {}: {note}",
-                o.plan.round,
-                o.plan.row.label(),
-                report::size_label(o.plan.size)
-            );
+            println!("NOTE {run}: {note}");
         }
         if o.window.whole_run {
             println!(
-                "NOTE round {} {} {}: the copies landed before start-up ended; its window includes start-up",
-                o.plan.round,
-                o.plan.row.label(),
-                report::size_label(o.plan.size)
+                "NOTE {run}: the copies landed before start-up ended; its window includes start-up"
+            );
+        }
+        if let Some(others) = o.window.others_cores().filter(|c| *c > BUSY) {
+            println!(
+                "NOTE {run}: other work used {others:.2} cores during its window; its rate is depressed"
             );
         }
     }

@@ -110,41 +110,61 @@ pub fn throughput(all: &[Outcome], rows: &[Row], size: usize, backlog: u64) -> S
     out
 }
 
+/// Ratios between rows, each the median of the per-round ratios: the rows
+/// of one round ran minutes apart at most, so load that comes and goes
+/// between rounds cancels out better than in a ratio of medians.
 fn ratios(all: &[Outcome], size: usize, backlog: u64) -> String {
-    let get = |row| stats(all, row, size, backlog);
-    let mut out = String::from("| ratio (medians) | value |\n| --- | ---: |\n");
-    let mut line = |label: &str, a: Option<f64>, b: Option<f64>| {
-        if let (Some(a), Some(b)) = (a, b) {
-            let _ = writeln!(out, "| {label} | {:.2} |", a / b);
+    let runs = |row: Row| -> Vec<&Outcome> {
+        all.iter()
+            .filter(|o| o.plan.row == row && o.plan.size == size && o.plan.backlog == backlog)
+            .collect()
+    };
+    let ratio = |a: Row,
+                 b: Row,
+                 f: &dyn Fn(&Outcome) -> Option<f64>,
+                 g: &dyn Fn(&Outcome) -> Option<f64>| {
+        let (a, b) = (runs(a), runs(b));
+        let per_round = a.iter().filter_map(|x| {
+            let y = b.iter().find(|y| y.plan.round == x.plan.round)?;
+            Some(f(x)? / g(y)?)
+        });
+        median(per_round.collect())
+    };
+    let msgs = |o: &Outcome| Some(o.msgs_per_sec());
+    let copies = |o: &Outcome| Some(o.copies_per_sec());
+    let twice = |o: &Outcome| Some(2.0 * o.copies_per_sec());
+    let total = |o: &Outcome| Some(o.forwarder_us().unwrap_or(0.0) + o.broker_us()?);
+    let mut out =
+        String::from("| ratio (median of the per-round ratios) | value |\n| --- | ---: |\n");
+    let mut line = |label: &str, value: Option<f64>| {
+        if let Some(v) = value {
+            let _ = writeln!(out, "| {label} | {v:.2} |");
         }
     };
-    let (s, f1, s2, two, f2) = (
-        get(Row::S),
-        get(Row::F1),
-        get(Row::S2),
-        get(Row::TwoS),
-        get(Row::F2),
+    line("F1 / S, msgs/s", ratio(Row::F1, Row::S, &msgs, &msgs));
+    line(
+        "F2 / S2, msgs/s (2 copies each)",
+        ratio(Row::F2, Row::S2, &msgs, &msgs),
     );
-    let msgs = |s: &Option<Stats>| s.as_ref().map(|s| s.msgs);
-    let copies = |s: &Option<Stats>| s.as_ref().map(|s| s.copies);
-    let total = |s: &Option<Stats>| s.as_ref().and_then(|s| s.total_us);
-    line("F1 / S, msgs/s", msgs(&f1), msgs(&s));
-    line("F2 / S2, msgs/s (2 copies each)", msgs(&f2), msgs(&s2));
-    match (&two, &s) {
-        (Some(_), _) => line(
-            "F2 / 2S, copies/s (2S measured: two shovels side by side)",
-            copies(&f2),
-            copies(&two),
-        ),
-        (None, Some(s)) => line(
+    if runs(Row::TwoS).is_empty() {
+        line(
             "F2 / (2 × S), copies/s (computed from S: an upper bound for two shovels)",
-            copies(&f2),
-            Some(2.0 * s.copies),
-        ),
-        _ => {}
+            ratio(Row::F2, Row::S, &copies, &twice),
+        );
+    } else {
+        line(
+            "F2 / 2S, copies/s (2S measured: two shovels side by side)",
+            ratio(Row::F2, Row::TwoS, &copies, &copies),
+        );
     }
-    line("S / F1, total CPU per copy", total(&s), total(&f1));
-    line("S2 / F2, total CPU per copy", total(&s2), total(&f2));
+    line(
+        "S / F1, total CPU per copy",
+        ratio(Row::S, Row::F1, &total, &total),
+    );
+    line(
+        "S2 / F2, total CPU per copy",
+        ratio(Row::S2, Row::F2, &total, &total),
+    );
     out
 }
 
