@@ -105,8 +105,11 @@ pub fn throughput(all: &[Outcome], rows: &[Row], size: usize, backlog: u64) -> S
             num(s.others, 2),
         );
     }
-    out.push('\n');
-    out.push_str(&ratios(all, size, backlog));
+    let ratios = ratios(all, size, backlog);
+    if ratios.lines().count() > 2 {
+        out.push('\n');
+        out.push_str(&ratios);
+    }
     out
 }
 
