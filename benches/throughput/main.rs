@@ -277,7 +277,11 @@ async fn header(opts: &Opts, ctx: &Ctx, shovel_note: Option<String>) -> String {
             } else {
                 "the broker's URL (TCP)"
             },
-            opts.backlog,
+            if opts.scale {
+                format!("{} and {}", opts.backlog, opts.scale_backlog)
+            } else {
+                opts.backlog.to_string()
+            },
             opts.rounds
         ),
     ];

@@ -35,19 +35,22 @@ fn plans(run_prefix: &str, rounds: u32, rows: &[Row], size: usize, backlog: u64)
             order.reverse();
         }
         for row in order {
-            plans.push(Plan {
-                row,
-                round,
-                backlog,
-                size,
-                prefix: format!(
-                    "{run_prefix}-r{round}-{}-{size}-{backlog}",
-                    row.label().to_lowercase()
-                ),
-            });
+            plans.push(plan(run_prefix, round, row, size, backlog));
         }
     }
     plans
+}
+
+/// One run, its names under `<run prefix>-r<round>-<row>-<size>-<backlog>`.
+fn plan(run_prefix: &str, round: u32, row: Row, size: usize, backlog: u64) -> Plan {
+    let label = row.label().to_lowercase();
+    Plan {
+        row,
+        round,
+        backlog,
+        size,
+        prefix: format!("{run_prefix}-r{round}-{label}-{size}-{backlog}"),
+    }
 }
 
 pub async fn default_run(
@@ -164,12 +167,11 @@ pub async fn scale(opts: &Opts, ctx: &Arc<Ctx>, run_prefix: &str) -> Result<(), 
         if round % 2 == 0 {
             order.reverse();
         }
-        for backlog in order {
-            let mut plan = plans(run_prefix, 1, &[Row::F2], MAIN_SIZE, backlog);
-            plan[0].round = round;
-            plan[0].prefix = plan[0].prefix.replacen("-r1-", &format!("-r{round}-"), 1);
-            run_all(ctx, plan, &mut all).await?;
-        }
+        let runs = order
+            .into_iter()
+            .map(|backlog| plan(run_prefix, round, Row::F2, MAIN_SIZE, backlog))
+            .collect();
+        run_all(ctx, runs, &mut all).await?;
     }
     println!(
         "\n## Scale: F2 by backlog, {} bodies, medians of {} round(s)\n",

@@ -70,11 +70,6 @@ impl Row {
         }
     }
 
-    /// Preloaded source queues, each holding the backlog.
-    pub fn sources(self) -> u64 {
-        if self == Row::TwoS { 2 } else { 1 }
-    }
-
     pub fn is_forwarder(self) -> bool {
         matches!(self, Row::F1 | Row::F2)
     }
@@ -291,12 +286,18 @@ async fn preload(broker: &TestBroker, queue: &str, n: u64, size: usize) {
     assert_eq!(have, n, "{queue} holds {have} after preloading {n}");
 }
 
-fn watch<'a>(ctx: &'a Ctx, broker: &'a TestBroker, plan: &Plan, queues: &[String]) -> Watch<'a> {
+/// Every destination of every row receives the backlog once.
+fn watch<'a>(
+    ctx: &'a Ctx,
+    broker: &'a TestBroker,
+    plan: &Plan,
+    groups: Vec<Vec<String>>,
+) -> Watch<'a> {
     Watch {
         broker,
         target: &ctx.target,
-        queues: queues.to_vec(),
-        target_copies: plan.backlog * plan.row.sources() * plan.row.copies_per_msg(),
+        groups,
+        per_group: plan.backlog,
         stall: ctx.stall,
         clock_ticks: ctx.clock_ticks,
     }
@@ -320,8 +321,12 @@ async fn forwarder(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
     let p = &plan.prefix;
     let q = |s: &str| format!("{p}.{s}");
     declare_inbound(broker, p).await;
-    let topology = Topology::of(plan.row, p);
-    let outputs: Vec<String> = topology.queues[2..].to_vec();
+    // The endpoint queues: all but the inbound and the dead-letter queue.
+    let outputs: Vec<String> = Topology::of(plan.row, p)
+        .queues
+        .into_iter()
+        .filter(|queue| *queue != q("in") && *queue != q("dlq"))
+        .collect();
     // Declared as the forwarder declares them, so that polls find them.
     for queue in &outputs {
         broker.declare_queue(queue).await;
@@ -329,17 +334,24 @@ async fn forwarder(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
     preload(broker, &q("in"), plan.backlog, plan.size).await;
 
     let top = top_toml_at(&ctx.target.url, p, "nack", 10_000, ctx.prefetch);
-    let (toml, primaries) = match plan.row {
-        Row::F1 => (match_all_toml(p, &top), vec![q("service")]),
-        _ => (seed_toml(p, &top), vec![q("service"), q("logging")]),
+    let (toml, branches) = match plan.row {
+        Row::F1 => (match_all_toml(p, &top), vec![vec![q("service")]]),
+        _ => (
+            seed_toml(p, &top),
+            vec![
+                vec![q("service"), q("service.backup")],
+                vec![q("logging"), q("logging.backup")],
+            ],
+        ),
     };
+    let primaries: Vec<String> = branches.iter().map(|b| b[0].clone()).collect();
     let started = Instant::now();
     let process = match &ctx.forwarder_cpus {
         Some(cpus) => Process::spawn_pinned(p, &toml, cpus, &[], &[]),
         None => Process::spawn(p, &toml),
     };
     let mut mover = Mover::Forwarder(process);
-    let window = watch(ctx, broker, plan, &primaries)
+    let window = watch(ctx, broker, plan, branches)
         .measure(&mut mover, started)
         .await;
     let Mover::Forwarder(mut process) = mover else {
@@ -448,7 +460,8 @@ async fn shovels(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
     let target = ctx.target.clone();
     let cli = tokio::spawn(async move { target.create_shovels(&definitions).await });
     let mut mover = Mover::Shovels(Some(cli));
-    let window = watch(ctx, broker, plan, &destinations)
+    let groups = destinations.iter().map(|d| vec![d.clone()]).collect();
+    let window = watch(ctx, broker, plan, groups)
         .measure(&mut mover, started)
         .await;
     if let Mover::Shovels(Some(cli)) = mover
@@ -459,11 +472,9 @@ async fn shovels(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
     for shovel in &topology.shovels {
         ctx.target.clear_shovel(shovel).await;
     }
-    let per_destination =
-        plan.backlog * plan.row.sources() * plan.row.copies_per_msg() / destinations.len() as u64;
     let expected: Vec<(String, u64)> = destinations
         .iter()
-        .map(|d| (d.clone(), per_destination))
+        .map(|d| (d.clone(), plan.backlog))
         .chain(sources.iter().map(|s| (s.clone(), 0)))
         .collect();
     Outcome {

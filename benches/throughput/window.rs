@@ -15,6 +15,15 @@ use crate::target::Target;
 
 /// Interval between two polls of the destination counts.
 const POLL: Duration = Duration::from_millis(20);
+/// Lines of the forwarder's log a failure quotes.
+const LOG_LINES: usize = 30;
+
+/// The last `LOG_LINES` lines of the forwarder's log.
+fn log_tail(process: &Process) -> String {
+    let log = process.log();
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(LOG_LINES)..].join("\n")
+}
 
 /// What moves the messages of a row.
 pub enum Mover {
@@ -32,8 +41,8 @@ impl Mover {
             Mover::Forwarder(process) => {
                 if let Some(status) = process.exited() {
                     panic!(
-                        "the forwarder exited ({status}) with {counts}; log:\n{}",
-                        process.log()
+                        "the forwarder exited ({status}) with {counts}; its log ends:\n{}",
+                        log_tail(process)
                     );
                 }
                 true
@@ -151,23 +160,34 @@ impl Window {
 pub struct Watch<'a> {
     pub broker: &'a TestBroker,
     pub target: &'a Target,
-    /// The destination queues; their counts add up to the copies.
-    pub queues: Vec<String>,
-    /// Copies expected in total.
-    pub target_copies: u64,
+    /// The destinations, each a group of queues that together receive
+    /// `per_group` copies: one queue, or a branch's primary and backup (a
+    /// copy that fails over still lands, on the backup).
+    pub groups: Vec<Vec<String>>,
+    pub per_group: u64,
     /// A run whose counts do not move for this long fails.
     pub stall: Duration,
     pub clock_ticks: f64,
 }
 
 impl Watch<'_> {
+    fn target_copies(&self) -> u64 {
+        self.groups.len() as u64 * self.per_group
+    }
+
+    /// Copies landed, each group counted up to `per_group` (a duplicate
+    /// in one group does not make up for a copy missing in another).
     async fn copies(&self) -> (u64, String) {
         let mut total = 0;
         let mut shown = Vec::new();
-        for queue in &self.queues {
-            let n = self.broker.queue_len(queue).await;
-            total += u64::from(n);
-            shown.push(format!("{queue}={n}"));
+        for group in &self.groups {
+            let mut landed = 0;
+            for queue in group {
+                let n = self.broker.queue_len(queue).await;
+                landed += u64::from(n);
+                shown.push(format!("{queue}={n}"));
+            }
+            total += landed.min(self.per_group);
         }
         (total, shown.join(", "))
     }
@@ -186,7 +206,7 @@ impl Watch<'_> {
         loop {
             let (copies, shown) = self.copies().await;
             let running = mover.started(&shown).await;
-            if copies >= self.target_copies {
+            if copies >= self.target_copies() {
                 let end = Snapshot::take(copies, mover, self.target);
                 let whole_run = opened.is_none();
                 let start = opened.unwrap_or(origin);
@@ -200,11 +220,12 @@ impl Watch<'_> {
             } else if last_change.elapsed() > self.stall {
                 let shovels = match mover {
                     Mover::Shovels(_) => self.target.shovel_status().await,
-                    Mover::Forwarder(p) => format!("forwarder log:\n{}", p.log()),
+                    Mover::Forwarder(p) => format!("the forwarder's log ends:\n{}", log_tail(p)),
                 };
                 panic!(
                     "no progress for {:?}: {copies} of {} copies ({shown})\n{shovels}",
-                    self.stall, self.target_copies
+                    self.stall,
+                    self.target_copies()
                 );
             }
             tokio::time::sleep(POLL).await;
