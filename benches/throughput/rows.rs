@@ -298,6 +298,8 @@ fn watch<'a>(
         target: &ctx.target,
         groups,
         per_group: plan.backlog,
+        dead_letters: None,
+        inbound: None,
         stall: ctx.stall,
         clock_ticks: ctx.clock_ticks,
     }
@@ -351,9 +353,12 @@ async fn forwarder(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
         None => Process::spawn(p, &toml),
     };
     let mut mover = Mover::Forwarder(process);
-    let window = watch(ctx, broker, plan, branches)
-        .measure(&mut mover, started)
-        .await;
+    let watch = Watch {
+        dead_letters: Some(q("dlq")),
+        inbound: Some(q("in")),
+        ..watch(ctx, broker, plan, branches)
+    };
+    let window = watch.measure(&mut mover, started).await;
     let Mover::Forwarder(mut process) = mover else {
         unreachable!("a forwarder row runs the forwarder")
     };

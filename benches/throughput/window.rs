@@ -165,6 +165,12 @@ pub struct Watch<'a> {
     /// copy that fails over still lands, on the backup).
     pub groups: Vec<Vec<String>>,
     pub per_group: u64,
+    /// For the forwarder: the dead-letter queue, whose messages stand for
+    /// a copy in every group (a message dead-lettered is done with), and
+    /// the inbound queue, which must be drained too, so that duplicates
+    /// from a failover cannot end the run while messages wait.
+    pub dead_letters: Option<String>,
+    pub inbound: Option<String>,
     /// A run whose counts do not move for this long fails.
     pub stall: Duration,
     pub clock_ticks: f64,
@@ -175,13 +181,22 @@ impl Watch<'_> {
         self.groups.len() as u64 * self.per_group
     }
 
+    async fn count(&self, queue: &Option<String>, shown: &mut Vec<String>) -> u64 {
+        let Some(queue) = queue else { return 0 };
+        let n = self.broker.queue_len(queue).await;
+        shown.push(format!("{queue}={n}"));
+        u64::from(n)
+    }
+
     /// Copies landed, each group counted up to `per_group` (a duplicate
-    /// in one group does not make up for a copy missing in another).
-    async fn copies(&self) -> (u64, String) {
-        let mut total = 0;
+    /// in one group does not make up for a copy missing in another), and
+    /// whether the inbound queue has none left to deliver.
+    async fn copies(&self) -> (u64, bool, String) {
         let mut shown = Vec::new();
+        let dead = self.count(&self.dead_letters, &mut shown).await;
+        let mut total = 0;
         for group in &self.groups {
-            let mut landed = 0;
+            let mut landed = dead;
             for queue in group {
                 let n = self.broker.queue_len(queue).await;
                 landed += u64::from(n);
@@ -189,7 +204,8 @@ impl Watch<'_> {
             }
             total += landed.min(self.per_group);
         }
-        (total, shown.join(", "))
+        let drained = self.count(&self.inbound, &mut shown).await == 0;
+        (total, drained, shown.join(", "))
     }
 
     /// Polls until every copy has landed; the window over the run.
@@ -204,9 +220,9 @@ impl Watch<'_> {
         let mut opened: Option<Snapshot> = None;
         let (mut last, mut last_change) = (0, Instant::now());
         loop {
-            let (copies, shown) = self.copies().await;
+            let (copies, drained, shown) = self.copies().await;
             let running = mover.started(&shown).await;
-            if copies >= self.target_copies() {
+            if copies >= self.target_copies() && drained {
                 let end = Snapshot::take(copies, mover, self.target);
                 let whole_run = opened.is_none();
                 let start = opened.unwrap_or(origin);
