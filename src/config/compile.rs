@@ -1,8 +1,10 @@
 //! [`compile`]: raw configuration → [`Settings`], or the first invalid key.
 
 use super::error::InvalidKey;
-use super::raw::{RawBroker, RawConfig, RawEndpoint, RawFilter, RawFilterEntry};
-use super::{BrokerSpec, DeadLetter, DeadLetterMode, Endpoint, Inbound, QueueType, Settings, Tls};
+use super::raw::{RawBroker, RawConfig, RawEndpoint, RawFilter, RawFilterEntry, RawSessions};
+use super::{
+    BrokerSpec, DeadLetter, DeadLetterMode, Endpoint, Inbound, QueueType, Sessions, Settings, Tls,
+};
 use crate::broker::{IdentityError, read_ca_file, read_client_identity, same_vhost, validate_uri};
 use crate::routing::{
     Branch, Filter, JsonPointer, Outage, Property, RoutingTable, Strategy, TopicPattern, ValueTest,
@@ -156,12 +158,7 @@ pub fn compile(raw: &RawConfig) -> Result<Settings> {
         branches.push(branch);
     }
 
-    if raw.sessions.enabled {
-        return Err(InvalidKey::new(
-            "sessions.enabled",
-            "sessionful forwarding is not available in this version; set it to false",
-        ));
-    }
+    let sessions = compile_sessions(&raw.sessions, prefetch)?;
     let admin_listen = match &raw.admin.listen {
         None => None,
         Some(addr) => Some(admin_address(addr).ok_or_else(|| {
@@ -191,7 +188,68 @@ pub fn compile(raw: &RawConfig) -> Result<Settings> {
         endpoints,
         routing: Arc::new(RoutingTable::new(branches)),
         admin_listen,
+        sessions,
     })
+}
+
+/// `[sessions]`: `None` when disabled. Open sessions hold their messages'
+/// prefetch slots until they end, so they must never be able to hold all of
+/// them: something else has to be able to arrive (their next message).
+fn compile_sessions(raw: &RawSessions, prefetch: u16) -> Result<Option<Sessions>> {
+    if !raw.enabled {
+        return Ok(None);
+    }
+    for (key, value) in [
+        ("id_header", &raw.id_header),
+        ("end_header", &raw.end_header),
+    ] {
+        if value.is_empty() {
+            return Err(InvalidKey::new(
+                format!("sessions.{key}"),
+                "is empty; name the header",
+            ));
+        }
+    }
+    if raw.id_header == raw.end_header {
+        return Err(InvalidKey::new(
+            "sessions.end_header",
+            "is the same header as sessions.id_header; use two headers",
+        ));
+    }
+    for (key, value) in [
+        ("idle_timeout_ms", raw.idle_timeout_ms),
+        ("max_messages", u64::from(raw.max_messages)),
+        ("max_bytes", raw.max_bytes),
+        ("max_open", u64::from(raw.max_open)),
+    ] {
+        if value == 0 {
+            return Err(InvalidKey::new(
+                format!("sessions.{key}"),
+                "must be at least 1",
+            ));
+        }
+    }
+    let held = u64::from(raw.max_open) * u64::from(raw.max_messages);
+    if held >= u64::from(prefetch) {
+        return Err(InvalidKey::new(
+            "sessions.max_open",
+            format!(
+                "max_open ({}) x max_messages ({}) = {held} must stay below inbound.prefetch \
+                 ({prefetch}), or open sessions could hold every prefetch slot and wait \
+                 forever for messages that cannot arrive; lower them or raise the prefetch",
+                raw.max_open, raw.max_messages
+            ),
+        ));
+    }
+    Ok(Some(Sessions {
+        id_header: raw.id_header.clone(),
+        end_header: raw.end_header.clone(),
+        idle_timeout: Duration::from_millis(raw.idle_timeout_ms),
+        max_messages: raw.max_messages,
+        max_bytes: raw.max_bytes,
+        max_open: raw.max_open,
+        closed_ttl: Duration::from_millis(raw.closed_ttl_ms),
+    }))
 }
 
 /// `host:port`, or a bare port (`9090`, `:9090`) on the loopback address:

@@ -38,6 +38,27 @@ pub struct Settings {
     pub routing: Arc<RoutingTable>,
     /// Admin listener address, if enabled.
     pub admin_listen: Option<SocketAddr>,
+    /// Sessionful message sets; `None` when `sessions.enabled` is off.
+    pub sessions: Option<Sessions>,
+}
+
+/// `[sessions]`, when enabled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sessions {
+    /// Header naming the session a message belongs to.
+    pub id_header: String,
+    /// Header marking the last message of a session.
+    pub end_header: String,
+    /// A session with no message for this long is dead-lettered.
+    pub idle_timeout: Duration,
+    /// Most messages one session may hold.
+    pub max_messages: u32,
+    /// Most body bytes one session may hold.
+    pub max_bytes: u64,
+    /// Most sessions open at once.
+    pub max_open: u32,
+    /// How long a completed or dead-lettered session stays closed.
+    pub closed_ttl: Duration,
 }
 
 /// The inbound queue.

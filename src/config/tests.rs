@@ -136,6 +136,21 @@ fn new_keys_are_read() {
         summary.contains("[failover, required, outage wait]"),
         "{summary}"
     );
+    assert_eq!(settings.sessions, None, "sessions stay off unless enabled");
+}
+
+#[test]
+fn sessions_are_compiled_when_enabled() {
+    let toml = BASE.to_owned()
+        + "\n[sessions]\nenabled = true\nid_header = \"conv\"\nmax_open = 19\n\
+           idle_timeout_ms = 1500\nclosed_ttl_ms = 5000\n";
+    let settings = load_str(&toml, "test.toml").unwrap_or_else(|e| panic!("{e}"));
+    let sessions = settings.sessions.unwrap_or_else(|| panic!("sessions off"));
+    assert_eq!(sessions.id_header, "conv");
+    assert_eq!(sessions.end_header, "session-end");
+    assert_eq!(sessions.max_open * sessions.max_messages, 950);
+    assert_eq!(sessions.idle_timeout.as_millis(), 1500);
+    assert_eq!(sessions.closed_ttl.as_millis(), 5000);
 }
 
 #[test]
@@ -375,8 +390,18 @@ fn invalid_configurations_fail_with_their_exact_error() {
             "test.toml: filters.x.pointer: does not apply to a \"xpath\" filter",
         ),
         (
-            with("[sessions]\nenabled = true"),
-            "test.toml: sessions.enabled: sessionful forwarding is not available in this version; set it to false",
+            with("[sessions]\nenabled = true\nmax_open = 20"),
+            "test.toml: sessions.max_open: max_open (20) x max_messages (50) = 1000 must stay below \
+             inbound.prefetch (1000), or open sessions could hold every prefetch slot and wait \
+             forever for messages that cannot arrive; lower them or raise the prefetch",
+        ),
+        (
+            with("[sessions]\nenabled = true\nidle_timeout_ms = 0"),
+            "test.toml: sessions.idle_timeout_ms: must be at least 1",
+        ),
+        (
+            with("[sessions]\nenabled = true\nend_header = \"session-id\""),
+            "test.toml: sessions.end_header: is the same header as sessions.id_header; use two headers",
         ),
         (
             BASE.replace("queue = \"work.in\"", "queue = \"work.in\"\nqueue_type = \"stream\""),

@@ -22,6 +22,7 @@ use super::Forwarder;
 use super::deliver;
 use super::generation::Generation;
 use super::outcome::Verdict;
+use super::sessions;
 use crate::broker::{InboundChannel, Receipt, open_inbound, redeclare_inbound};
 use crate::envelope::Envelope;
 use crate::reload::Reload;
@@ -106,6 +107,8 @@ pub(super) async fn consume_until(
         match leave {
             Leave::Shutdown => {
                 inbound.stop_consuming().await;
+                // No more messages can come for open sessions: they go back whole.
+                forwarder.sessions.abandon_all();
                 return Some(inbound);
             }
             Leave::Lost => {
@@ -114,6 +117,7 @@ pub(super) async fn consume_until(
             }
             Leave::Reconfigured => {
                 inbound.stop_consuming().await;
+                forwarder.sessions.abandon_all();
                 // Every permit back: every transaction of this channel has settled on it.
                 tokio::select! {
                     () = shutdown.cancelled() => return Some(inbound),
@@ -222,6 +226,19 @@ fn dispatch(
     let envelope = Arc::new(envelope);
     let generation = forwarder.current();
     let refused = generation.screen.check(&envelope);
+    if let Some(config) = &generation.settings.sessions
+        && let Some(id) = sessions::session_id(&envelope, config)
+    {
+        let arrival = sessions::Arrival {
+            envelope,
+            receipt,
+            permit,
+            refused,
+        };
+        let config = config.clone();
+        forwarder.sessions.admit(id, arrival, generation, &config);
+        return;
+    }
     let started = match refused {
         Some(verdict) => Err(verdict),
         None => {

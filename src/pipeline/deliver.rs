@@ -20,7 +20,7 @@
 //! endpoints up, then walks its list again.
 
 use super::outcome::{BranchOutcome, Outcome};
-use crate::broker::{Mode, PublishFailure, Publisher};
+use crate::broker::{AmqpValue, Mode, PublishFailure, Publisher, ShortString};
 use crate::config::Endpoint;
 use crate::envelope::Envelope;
 use crate::routing::{BranchPlan, Outage};
@@ -80,17 +80,28 @@ impl Publishers {
             .is_some_and(|p| p.health().is_up())
     }
 
-    fn get(&self, endpoint: &Endpoint) -> Option<&Publisher> {
+    pub(super) fn get(&self, endpoint: &Endpoint) -> Option<&Publisher> {
         self.by_endpoint.get(&endpoint.name)
     }
 
-    fn is_up(&self, endpoint: &Endpoint) -> bool {
+    pub(super) fn is_up(&self, endpoint: &Endpoint) -> bool {
         self.get(endpoint).is_none_or(|p| p.health().is_up())
     }
 
     fn publish(&self, endpoint: &Endpoint, envelope: &Arc<Envelope>, mode: Mode) -> Attempt {
+        self.publish_with(endpoint, envelope, Vec::new(), mode)
+    }
+
+    /// Publishes one copy with `extra` headers added.
+    pub(super) fn publish_with(
+        &self,
+        endpoint: &Endpoint,
+        envelope: &Arc<Envelope>,
+        extra: Vec<(ShortString, AmqpValue)>,
+        mode: Mode,
+    ) -> Attempt {
         match self.get(endpoint) {
-            Some(publisher) => Box::pin(publisher.publish(envelope.clone(), Vec::new(), mode)),
+            Some(publisher) => Box::pin(publisher.publish(envelope.clone(), extra, mode)),
             // Unreachable with a compiled configuration: every endpoint has a publisher.
             None => Box::pin(std::future::ready(Err(PublishFailure::Stopped))),
         }
@@ -98,10 +109,48 @@ impl Publishers {
 
     /// Where a branch starts: the first endpoint of its order that is up,
     /// or the first of all when none is.
-    fn first_usable(&self, plan: &BranchPlan) -> usize {
+    pub(super) fn first_usable(&self, plan: &BranchPlan) -> usize {
         plan.endpoints()
             .position(|e| self.is_up(e))
             .unwrap_or_default()
+    }
+}
+
+impl Publishers {
+    /// Waits, counted as waiting (which pauses consuming), until an
+    /// endpoint of `plan` is up or `orphaned` is cancelled.
+    pub(super) async fn wait_for_recovery(
+        &self,
+        plan: &BranchPlan,
+        message_id: &str,
+        orphaned: &CancellationToken,
+    ) {
+        self.telemetry.outage_wait(message_id, &plan.name);
+        self.waiting.send_modify(|n| *n += 1);
+        let mut health = self.health.clone();
+        loop {
+            if plan.endpoints().any(|e| self.is_up(e)) {
+                break;
+            }
+            tokio::select! {
+                () = orphaned.cancelled() => break,
+                changed = health.changed() => if changed.is_err() { break },
+            }
+        }
+        self.waiting.send_modify(|n| *n -= 1);
+        self.telemetry.outage_over(message_id, &plan.name);
+    }
+
+    /// Whether every endpoint of `plan` is unreachable at the connection
+    /// level (an outage, not a refusal).
+    pub(super) fn all_unreachable(&self, plan: &BranchPlan) -> bool {
+        plan.endpoints()
+            .all(|e| self.get(e).is_some_and(|p| p.health().is_unreachable()))
+    }
+
+    /// The telemetry handle deliveries report to.
+    pub(super) fn telemetry(&self) -> &Telemetry {
+        &self.telemetry
     }
 }
 
@@ -112,7 +161,8 @@ pub struct Started {
     branches: Vec<(BranchPlan, usize, Attempt)>,
 }
 
-type Attempt = std::pin::Pin<Box<dyn Future<Output = Result<(), PublishFailure>> + Send>>;
+pub(super) type Attempt =
+    std::pin::Pin<Box<dyn Future<Output = Result<(), PublishFailure>> + Send>>;
 
 /// Submits the first attempt of every branch now.
 pub fn start(envelope: &Arc<Envelope>, plans: Vec<BranchPlan>, publishers: &Publishers) -> Started {
@@ -182,33 +232,15 @@ impl Walk<'_> {
         outcome
     }
 
-    /// Waits, counted as waiting, until an endpoint of the list is up or
-    /// the inbound channel is lost.
     async fn wait_for_recovery(&self) {
         let message_id = self.envelope.message_id();
-        let telemetry = &self.publishers.telemetry;
-        telemetry.outage_wait(message_id, &self.plan.name);
-        self.publishers.waiting.send_modify(|n| *n += 1);
-        let mut health = self.publishers.health.clone();
-        loop {
-            if self.plan.endpoints().any(|e| self.publishers.is_up(e)) {
-                break;
-            }
-            tokio::select! {
-                () = self.orphaned.cancelled() => break,
-                changed = health.changed() => if changed.is_err() { break },
-            }
-        }
-        self.publishers.waiting.send_modify(|n| *n -= 1);
-        telemetry.outage_over(message_id, &self.plan.name);
+        self.publishers
+            .wait_for_recovery(&self.plan, message_id, self.orphaned)
+            .await;
     }
 
     fn all_unreachable(&self) -> bool {
-        self.plan.endpoints().all(|e| {
-            self.publishers
-                .get(e)
-                .is_some_and(|p| p.health().is_unreachable())
-        })
+        self.publishers.all_unreachable(&self.plan)
     }
 
     async fn walk(&self, at: usize, first: Option<Attempt>) -> BranchOutcome {

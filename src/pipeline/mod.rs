@@ -5,6 +5,8 @@
 //! - [`screen`]: the verdict for a message that must not be forwarded.
 //! - route: [`crate::routing`], pure.
 //! - [`deliver`]: one confirmed copy per branch, backup lists walked.
+//! - [`sessions`]: a session's messages as one transaction over a set:
+//!   ordered, replayed on failover, settled as a unit.
 //! - [`outcome`]: branch outcomes and the verdict they reach.
 //! - [`settle`]: verdict → ack or dead letter.
 //! - `generation`: one live configuration compiled into all of the above,
@@ -23,6 +25,7 @@ pub mod deliver;
 mod generation;
 pub mod outcome;
 pub mod screen;
+pub mod sessions;
 pub mod settle;
 
 use crate::broker::{ConnectError, TopologyError, declare_endpoint_queue, prepare_inbound};
@@ -64,6 +67,10 @@ pub struct Forwarder {
     abandon: CancellationToken,
     /// True while the inbound consumer is consuming.
     consuming: Arc<AtomicBool>,
+    /// Every transaction and session task, awaited at shutdown.
+    tracker: TaskTracker,
+    /// Open sessions, sessions waiting for a slot, recently closed ones.
+    sessions: sessions::Sessions,
     /// A permanent refusal at start ends `run` instead of being retried.
     fail_fast: bool,
     telemetry: Telemetry,
@@ -79,11 +86,15 @@ impl Forwarder {
             telemetry: telemetry.clone(),
         };
         let first = Generation::build(1, settings, None, &common);
+        let tracker = TaskTracker::new();
+        let abandon = CancellationToken::new();
         Self {
             generation: watch::Sender::new(Arc::new(first)),
             common,
             reloads: None,
-            abandon: CancellationToken::new(),
+            sessions: sessions::Sessions::new(tracker.clone(), abandon.clone(), telemetry.clone()),
+            tracker,
+            abandon,
             consuming: Arc::new(AtomicBool::new(false)),
             fail_fast: false,
             telemetry,
@@ -145,7 +156,7 @@ impl Forwarder {
         }
         drop(first);
         let mut reloads = self.reloads.take();
-        let tracker = TaskTracker::new();
+        let tracker = self.tracker.clone();
         let inbound = consume::consume_until(&self, &mut reloads, &shutdown, &tracker).await;
         tracker.close();
         let bound = self.current().settings.shutdown_timeout;

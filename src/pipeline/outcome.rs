@@ -63,17 +63,27 @@ pub enum Reason {
     Loop,
     /// The message cannot be forwarded safely (headers nested too deep).
     Malformed,
+    /// A session had no message for `sessions.idle_timeout_ms`.
+    SessionTimeout,
+    /// A session outgrew `sessions.max_messages` or `sessions.max_bytes`.
+    SessionTooLarge,
+    /// The message belongs to a session completed or dead-lettered moments
+    /// ago (`sessions.closed_ttl_ms`).
+    SessionClosed,
 }
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 6] = [
+    pub const ALL: [Reason; 9] = [
         Self::Exhausted,
         Self::NoRoute,
         Self::Rejected,
         Self::Poison,
         Self::Loop,
         Self::Malformed,
+        Self::SessionTimeout,
+        Self::SessionTooLarge,
+        Self::SessionClosed,
     ];
 
     /// The header and metric value.
@@ -85,6 +95,9 @@ impl Reason {
             Self::Poison => "poison",
             Self::Loop => "loop",
             Self::Malformed => "malformed",
+            Self::SessionTimeout => "session-timeout",
+            Self::SessionTooLarge => "session-too-large",
+            Self::SessionClosed => "session-closed",
         }
     }
 }
@@ -234,6 +247,9 @@ mod tests {
         assert_eq!(Reason::Rejected.as_str(), "rejected");
         assert_eq!(Reason::Poison.as_str(), "poison");
         assert_eq!(Reason::Loop.as_str(), "loop");
+        assert_eq!(Reason::SessionTimeout.as_str(), "session-timeout");
+        assert_eq!(Reason::SessionTooLarge.as_str(), "session-too-large");
+        assert_eq!(Reason::SessionClosed.as_str(), "session-closed");
     }
 
     #[test]

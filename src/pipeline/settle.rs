@@ -55,6 +55,19 @@ impl Settler {
 
     /// Settles one message.
     pub async fn settle(&self, envelope: &Arc<Envelope>, receipt: Receipt, verdict: Verdict) {
+        self.settle_with(envelope, receipt, verdict, Vec::new())
+            .await;
+    }
+
+    /// Settles one message; a dead-letter copy also carries `extra`
+    /// annotations (a session's id).
+    pub async fn settle_with(
+        &self,
+        envelope: &Arc<Envelope>,
+        receipt: Receipt,
+        verdict: Verdict,
+        extra: Vec<(ShortString, AmqpValue)>,
+    ) {
         let message_id = envelope.message_id();
         let telemetry = &self.telemetry;
         let (reason, error, failed, refused_by, delivered) = match verdict {
@@ -75,6 +88,7 @@ impl Settler {
                 let mut headers =
                     annotations(reason, &error, &failed, &delivered, &self.source_queue);
                 headers.push((FAILED_ENDPOINTS.into(), text_array(&refused_by)));
+                headers.extend(extra);
                 // A dead letter is not a forward: it keeps the hops it came with.
                 headers.push((
                     HOPS_HEADER.into(),

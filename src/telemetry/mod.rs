@@ -23,6 +23,7 @@
 //! here in switchyard's words.
 
 mod metrics;
+mod sessions;
 
 use metrics::{EndpointLabels, FailoverLabels, Metrics, ReasonLabels};
 use std::fmt::Display;
