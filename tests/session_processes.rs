@@ -347,8 +347,10 @@ async fn a_hot_standby_completes_the_sessions_of_a_killed_forwarder() {
     let service = format!("{p}.service");
     let sac = "single_active_consumer = true";
     let (name_a, name_b) = (format!("{p}-a"), format!("{p}-b"));
-    let toml_a = seed_with_sessions(&p, &name_a, sac, "");
-    let toml_b = seed_with_sessions(&p, &name_b, sac, "");
+    // Room for all 20 sessions at once (none waits for a slot).
+    let limits = "max_open = 32\nmax_messages = 20";
+    let toml_a = seed_with_sessions(&p, &name_a, sac, limits);
+    let toml_b = seed_with_sessions(&p, &name_b, sac, limits);
 
     // The first to register is the active consumer; the second waits.
     let mut active = Process::spawn(&name_a, &toml_a);
