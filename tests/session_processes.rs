@@ -542,3 +542,128 @@ async fn consistent_hash_scale_out_keeps_each_session_on_one_forwarder() {
     );
     delete_all_with_prefix(&p).await;
 }
+
+// ---------------------------------------------------------------------------
+// A crash while a session is being dead-lettered
+
+/// A session whose branch is exhausted is dead-lettered whole; the
+/// dead-letter queue takes two of its five messages and then refuses the
+/// rest, so the forwarder is still dead-lettering the set when it is
+/// SIGKILLed. The broker redelivers what was unacked and the restart
+/// forwards it, with the session's end, to the healed endpoint. The session
+/// must end up whole somewhere: forwarded again from its first message, or
+/// dead-lettered whole, never a tail forwarded as if it were the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_while_a_session_is_dead_lettered_leaves_it_whole() {
+    let p = unique_prefix("sess-dl-crash");
+    let broker = TestBroker::connect(&p).await;
+    let inbound = format!("{p}.in");
+    let primary = format!("{p}.primary");
+    let dlq = format!("{p}.dlq");
+    let dlx = format!("{p}.dlx");
+    // Room for two dead letters; the third is refused (nacked) until there is room.
+    broker
+        .declare_queue_with(
+            &dlq,
+            field_table([
+                ("x-max-length", AMQPValue::LongLongInt(2)),
+                ("x-overflow", amqp_str("reject-publish")),
+            ]),
+        )
+        .await;
+    broker.declare_exchange(&dlx, ExchangeKind::Direct).await;
+    broker.bind(&dlq, &dlx, &dlq).await;
+    let toml = format!(
+        r#"{top}
+[endpoints.primary]
+broker = "main"
+routing_key = "{primary}"
+declare_queue = "{primary}"
+
+[endpoints.backup]
+broker = "main"
+routing_key = "{p}.missing"
+
+[backup_lists]
+backups = ["backup"]
+
+[filters.all]
+type = "match_all"
+
+[[filter_table]]
+name = "service"
+filter = "all"
+endpoint = "primary"
+backup_list = "backups"
+
+[sessions]
+enabled = true
+max_open = 4
+"#,
+        top = top_toml(&p, "republish", 5000, 500).replace(&format!("queue = \"{dlq}\"\n"), ""),
+    );
+
+    let mut first = Process::spawn(&p, &toml);
+    wait_consumers(&broker, &inbound, 1).await;
+    let x = "x";
+    let opening: Vec<Outgoing> = (0..4).map(|seq| session_message(x, seq, false)).collect();
+    publish_to(&broker, "", &inbound, &opening).await;
+    broker.await_count(&primary, 4, DEFAULT_TIMEOUT).await;
+    let before = broker.get_all(&primary).await;
+    assert_eq!(seqs(&before.iter().collect::<Vec<_>>()), whole(4));
+    assert_eq!(broker.delete_queue(&primary).await, 0);
+
+    // Message 4 exhausts the branch: 0 and 1 are dead-lettered, 2 is refused.
+    publish_to(&broker, "", &inbound, &[session_message(x, 4, false)]).await;
+    broker.await_count(&dlq, 2, DEFAULT_TIMEOUT).await;
+    let held = wait_for(
+        "the session's dead-lettering to stall on the full queue",
+        DEFAULT_TIMEOUT,
+        || async {
+            let log = first.log();
+            let stalled = log.contains("dead letter not confirmed");
+            let counts = ready_unacked(&inbound).await;
+            (stalled && counts.is_some_and(|(r, _)| r == 0)).then_some(counts)
+        },
+    )
+    .await;
+    println!("dead-lettering stalled with {inbound} at (ready, unacked) = {held:?}");
+    first.signal("KILL");
+    assert_eq!(first.wait_exit(Duration::from_secs(10)).await, None);
+    let first_log = first.log();
+    wait_consumers(&broker, &inbound, 0).await;
+    wait_requeued(&inbound).await;
+    let requeued = ready_unacked(&inbound).await.map(|(r, _)| r);
+    let dead_first = broker.get_all(&dlq).await;
+
+    // The restart declares the primary's queue again; the session ends.
+    let mut second = Process::spawn(&p, &toml);
+    wait_consumers(&broker, &inbound, 1).await;
+    publish_to(&broker, "", &inbound, &[session_message(x, 5, true)]).await;
+    wait_settled(&inbound, DEFAULT_TIMEOUT).await;
+    stop(&mut second, "the restarted forwarder").await;
+
+    let after = broker.get_all(&primary).await;
+    let dead_after = broker.get_all(&dlq).await;
+    let service_seqs = seqs(&by_session(&after).remove(x).unwrap_or_default());
+    let dead = [dead_first, dead_after].concat();
+    let dead_seqs = seqs(&by_session(&dead).remove(x).unwrap_or_default());
+    println!(
+        "requeued after the kill: {requeued:?}; service after the restart: {service_seqs:?}; \
+         dead letters: {dead_seqs:?}"
+    );
+    let whole_on_service = service_seqs == whole(6);
+    let whole_dead = [5, 6]
+        .iter()
+        .any(|n| prefix_then_whole(&dead_seqs, *n).is_some());
+    assert!(
+        whole_on_service || (whole_dead && service_seqs.is_empty()),
+        "session {x} is neither whole on the service after the restart ({service_seqs:?}) nor \
+         dead-lettered whole ({dead_seqs:?}): the first run acked part of the set while \
+         dead-lettering it, and the restart forwarded the rest as if it were the session\n\
+         first run:\n{}\nrestart:\n{}",
+        log_tail(&first_log, 12),
+        log_tail(&second.log(), 12)
+    );
+    delete_all_with_prefix(&p).await;
+}

@@ -945,3 +945,140 @@ fn check_refuses_session_slots_that_could_fill_the_prefetch() {
     let (code, _, stderr) = check("sess-check-ok", &with(101));
     assert_eq!(code, Some(0), "prefetch 101 passes; stderr: {stderr}");
 }
+
+// ---------------------------------------------------------------------------
+// Routing and round robin, decided once per session
+
+/// A session goes where its first message's routing sends it, whatever its
+/// later messages say; a round-robin branch picks its endpoint once per
+/// session and keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routing_and_round_robin_are_decided_by_the_first_message() {
+    const PER: u32 = 5;
+    let p = unique_prefix("sess-routing");
+    let broker = TestBroker::connect(&p).await;
+    let inbound = format!("{p}.in");
+    let queue = |name: &str| format!("{p}.{name}");
+    let endpoints: String = ["alpha", "beta", "rr0", "rr1", "rr2"]
+        .iter()
+        .map(|e| endpoint_toml(e, "main", &queue(e), true, ""))
+        .collect();
+    let toml = format!(
+        r#"{top}{endpoints}
+[backup_lists]
+pool = ["rr1", "rr2"]
+
+[filters.a]
+type = "header"
+header = "kind"
+equals = "a"
+
+[filters.b]
+type = "header"
+header = "kind"
+equals = "b"
+
+[filters.r]
+type = "header"
+header = "kind"
+equals = "r"
+
+[[filter_table]]
+name = "alpha"
+filter = "a"
+endpoint = "alpha"
+
+[[filter_table]]
+name = "beta"
+filter = "b"
+endpoint = "beta"
+
+[[filter_table]]
+name = "rr"
+filter = "r"
+endpoint = "rr0"
+backup_list = "pool"
+strategy = "round_robin"
+{sessions}"#,
+        top = top_toml(&p, "republish", 5000, 500),
+        sessions = sessions_toml("max_open = 8"),
+    );
+    let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
+
+    // kind cycles after the first message: a session that starts with "a"
+    // goes on with "b", "r" and none, and so on.
+    let with_kind = |(body, props): Outgoing, kind: Option<&str>| -> Outgoing {
+        let mut headers = props.headers().clone().unwrap_or_default();
+        if let Some(kind) = kind {
+            headers.insert("kind".into(), AMQPValue::LongString(kind.into()));
+        }
+        (body, props.with_headers(headers))
+    };
+    let starts = ["a", "b", "r", "r", "r", "r", "r", "r"];
+    let later = [Some("b"), Some("r"), None, Some("a")];
+    let sessions: Vec<Session> = (0..starts.len())
+        .map(|s| Session::named(&format!("{}{s}", starts[s])))
+        .collect();
+    let mut batch = Vec::new();
+    for seq in 0..PER {
+        for (s, session) in sessions.iter().enumerate() {
+            let kind = if seq == 0 {
+                Some(starts[s])
+            } else {
+                later[(seq as usize + s) % later.len()]
+            };
+            let message = session.message(seq, (seq == PER - 1).then(end_true));
+            batch.push(with_kind(message, kind));
+        }
+    }
+    publish(&broker, &inbound, &batch).await;
+    wait_settled(&inbound, DEFAULT_TIMEOUT).await;
+    forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
+
+    let mut got = BTreeMap::new();
+    for name in ["alpha", "beta", "rr0", "rr1", "rr2"] {
+        got.insert(name, broker.get_all(&queue(name)).await);
+    }
+    let sessions_on = |name: &str| -> BTreeMap<String, Vec<u32>> {
+        by_session(&got[name])
+            .into_iter()
+            .map(|(id, m)| (id, seqs(&m)))
+            .collect()
+    };
+    let expect = |name: &str, ids: &[&str]| {
+        let on = sessions_on(name);
+        let names: Vec<&str> = on.keys().map(String::as_str).collect();
+        assert_eq!(
+            names, ids,
+            "{name}: the sessions whose first message matched"
+        );
+        for (id, seqs) in on {
+            assert_eq!(seqs, whole(PER), "{name}: {id} whole and in order");
+        }
+    };
+    expect("alpha", &["a0"]);
+    expect("beta", &["b1"]);
+    let mut spread = Vec::new();
+    let mut on_rr = Vec::new();
+    for name in ["rr0", "rr1", "rr2"] {
+        let on = sessions_on(name);
+        for (id, s) in &on {
+            assert_eq!(s, &whole(PER), "{name}: {id} whole and in order");
+        }
+        spread.push(on.len());
+        on_rr.extend(on.into_keys());
+    }
+    on_rr.sort();
+    println!("round robin: sessions per endpoint {spread:?}");
+    assert_eq!(
+        on_rr,
+        ["r2", "r3", "r4", "r5", "r6", "r7"],
+        "each round-robin session on exactly one endpoint"
+    );
+    assert!(
+        spread.iter().all(|n| *n > 0),
+        "the start rotates from session to session: {spread:?}"
+    );
+    assert_eq!(broker.queue_len(&format!("{p}.dlq")).await, 0);
+    delete_all_with_prefix(&p).await;
+}
