@@ -297,15 +297,15 @@ async fn sessions_stay_whole_and_in_order_when_the_primary_disappears_mid_sessio
     let mut before = Vec::new();
     let mut after = Vec::new();
     let mut independent_ids = Vec::new();
-    for group in 0..SESSIONS / AT_ONCE {
+    for (group, members) in sessions.chunks(AT_ONCE).enumerate() {
         for seq in 0..PER {
             let out = if (group, seq) < (PAUSE_GROUP, PAUSE_AFTER) {
                 &mut before
             } else {
                 &mut after
             };
-            for s in group * AT_ONCE..(group + 1) * AT_ONCE {
-                out.push(sessions[s].message(seq, end_for(s, seq)));
+            for (i, session) in members.iter().enumerate() {
+                out.push(session.message(seq, end_for(group * AT_ONCE + i, seq)));
             }
             if seq % 2 == 0 {
                 let id = format!("i{:04}", independent_ids.len());
