@@ -235,8 +235,7 @@ fn dispatch(
             permit,
             refused,
         };
-        let config = config.clone();
-        forwarder.sessions.admit(id, arrival, generation, &config);
+        forwarder.sessions.admit(id, arrival, &generation, config);
         return;
     }
     let started = match refused {

@@ -10,7 +10,9 @@
 //!   sessions keep flowing;
 //! - and when the session was completed or dead-lettered less than
 //!   `sessions.closed_ttl_ms` ago, the message is dead-lettered alone as
-//!   `session-closed`, so no service receives a set with a hole in it.
+//!   `session-closed`, so no service receives a set with a hole in it;
+//!   unless `dlq redrive` sent it (it carries `x-switchyard-only`): a
+//!   redriven set opens the session anew.
 //!
 //! The task ([`task`]) forwards the set with per-branch endpoint affinity
 //! and replay ([`affinity`]) and settles it. A session whose inbound channel
@@ -137,15 +139,16 @@ impl Sessions {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Takes one message of session `id`, consumed under `generation`
-    /// (whose sessions settings are `config`).
+    /// Takes one message of session `id`, consumed under `generation`,
+    /// whose sessions settings are `config`.
     pub(super) fn admit(
         &self,
         id: Arc<str>,
         arrival: Arrival,
-        generation: Arc<Generation>,
+        generation: &Arc<Generation>,
         config: &config::Sessions,
     ) {
+        let generation = generation.clone();
         let mut registry = self.lock();
         registry.forget_closed(config.closed_ttl);
         let mut arrival = arrival;
@@ -161,10 +164,16 @@ impl Sessions {
             registry.open.remove(&id);
         }
         if let Some(closed_at) = registry.closed.get(&id) {
-            let ago = closed_at.elapsed();
-            drop(registry);
-            self.dead_letter_closed(id, arrival, generation, ago);
-            return;
+            // A redriven set (`dlq redrive` marks it) is the operator's
+            // deliberate second try: it opens the session anew.
+            if arrival.envelope.only_branches().is_some() {
+                registry.closed.remove(&id);
+            } else {
+                let ago = closed_at.elapsed();
+                drop(registry);
+                self.dead_letter_closed(id, arrival, generation, ago);
+                return;
+            }
         }
         if let Some(waiting) = registry.waiting_sets.get_mut(&id) {
             waiting.arrivals.push(arrival);
@@ -338,5 +347,101 @@ impl Registry {
             }
             self.closed_order.pop_front();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::{FieldTable, Properties};
+
+    fn config() -> config::Sessions {
+        config::Sessions {
+            id_header: "session-id".to_owned(),
+            end_header: "session-end".to_owned(),
+            idle_timeout: Duration::from_secs(30),
+            max_messages: 50,
+            max_bytes: 1 << 20,
+            max_open: 4,
+            closed_ttl: Duration::from_secs(60),
+        }
+    }
+
+    fn envelope(headers: Vec<(&str, AmqpValue)>) -> Envelope {
+        let mut table = FieldTable::default();
+        for (name, value) in headers {
+            table.insert(name.into(), value);
+        }
+        Envelope {
+            delivery_tag: 1,
+            exchange: String::new(),
+            routing_key: "in".to_owned(),
+            redelivered: false,
+            properties: Properties::default().with_headers(table),
+            body: Vec::new(),
+        }
+    }
+
+    fn text(s: &str) -> AmqpValue {
+        AmqpValue::LongString(s.into())
+    }
+
+    #[test]
+    fn the_id_is_the_headers_text_and_an_empty_or_missing_one_is_independent() {
+        let config = config();
+        let id = |headers| session_id(&envelope(headers), &config).map(|id| id.to_string());
+        assert_eq!(
+            id(vec![("session-id", text("order-7"))]),
+            Some("order-7".to_owned())
+        );
+        assert_eq!(
+            id(vec![("session-id", AmqpValue::ShortString("s".into()))]),
+            Some("s".to_owned())
+        );
+        assert_eq!(
+            id(vec![("session-id", AmqpValue::LongLongInt(42))]),
+            Some("42".to_owned())
+        );
+        assert_eq!(id(vec![("session-id", text(""))]), None);
+        assert_eq!(id(vec![("other", text("x"))]), None);
+        assert_eq!(
+            id(vec![(
+                "session-id",
+                AmqpValue::FieldTable(FieldTable::default())
+            )]),
+            None
+        );
+    }
+
+    #[test]
+    fn the_end_is_boolean_true_or_the_text_true_in_any_case() {
+        let config = config();
+        let end = |value: Option<AmqpValue>| {
+            let headers = value.map(|v| vec![("session-end", v)]).unwrap_or_default();
+            is_end(&envelope(headers), &config)
+        };
+        assert!(end(Some(AmqpValue::Boolean(true))));
+        assert!(end(Some(text("true"))));
+        assert!(end(Some(text("TRUE"))));
+        assert!(end(Some(AmqpValue::ShortString("True".into()))));
+        assert!(!end(Some(AmqpValue::Boolean(false))));
+        assert!(!end(Some(text("yes"))));
+        assert!(!end(Some(AmqpValue::LongLongInt(1))));
+        assert!(!end(None));
+    }
+
+    #[test]
+    fn closed_sessions_are_forgotten_after_their_ttl() {
+        let mut registry = Registry::default();
+        let now = Instant::now();
+        let old = now.checked_sub(Duration::from_secs(120)).unwrap_or(now);
+        for (at, id) in [(old, "old"), (now, "new")] {
+            registry.closed.insert(id.into(), at);
+            registry.closed_order.push_back((at, id.into()));
+        }
+        registry.forget_closed(Duration::from_secs(60));
+        assert!(!registry.closed.contains_key("old"));
+        assert!(registry.closed.contains_key("new"));
+        assert_eq!(registry.closed_order.len(), 1);
     }
 }
