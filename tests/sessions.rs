@@ -586,6 +586,61 @@ async fn an_exhausted_branch_dead_letters_the_whole_session_in_order() {
     delete_all_with_prefix(&p).await;
 }
 
+/// A message the screen refuses (here a loop: it arrives already forwarded
+/// `max_hops` times) fails its whole session with that reason, in order,
+/// and closes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_message_dead_letters_its_whole_session_with_the_screens_reason() {
+    let p = unique_prefix("sess-refused");
+    let broker = TestBroker::connect(&p).await;
+    let inbound = format!("{p}.in");
+    let primary = format!("{p}.primary");
+    let dlq = format!("{p}.dlq");
+    let toml = one_branch_toml(
+        &p,
+        "republish",
+        "",
+        &endpoint_toml("primary", "main", &primary, true, ""),
+        &endpoint_toml("backup", "main", &format!("{p}.backup"), true, ""),
+    )
+    .replace("prefetch = 500", "prefetch = 500\nmax_hops = 3")
+        + &sessions_toml("max_open = 4");
+    let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
+
+    let s = Session::named("looped");
+    publish(&broker, &inbound, &s.messages(0..2, 9)).await;
+    assert_eq!(
+        seqs(&take(&broker, &primary, 2).await.iter().collect::<Vec<_>>()),
+        whole(2)
+    );
+    let (body, props) = s.message(2, None);
+    let mut headers = props.headers().clone().unwrap_or_default();
+    headers.insert("x-switchyard-hops".into(), AMQPValue::LongLongInt(3));
+    publish(&broker, &inbound, &[(body, props.with_headers(headers))]).await;
+
+    let dead = take(&broker, &dlq, 3).await;
+    assert_eq!(
+        seqs(&dead.iter().collect::<Vec<_>>()),
+        whole(3),
+        "the whole session, in order"
+    );
+    for m in &dead {
+        assert_session_dead_letter(m, "looped", "loop");
+    }
+    publish(&broker, &inbound, &[s.message(3, Some(end_true()))]).await;
+    let late = take(&broker, &dlq, 1).await;
+    assert_session_dead_letter(&late[0], "looped", "session-closed");
+    wait_settled(&inbound, DEFAULT_TIMEOUT).await;
+    wait_sessions_open(&forwarder, 0).await;
+    assert_eq!(
+        broker.queue_len(&primary).await,
+        0,
+        "taken above; nothing more forwarded"
+    );
+    forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    delete_all_with_prefix(&p).await;
+}
+
 // ---------------------------------------------------------------------------
 // 3. Timeout, size limits, late messages
 
