@@ -5,6 +5,8 @@
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use lapin::options::{
     BasicAckOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions,
     ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
@@ -357,6 +359,60 @@ impl TestBroker {
                 Ok(other) => panic!("publish #{i} to {exchange:?}/{routing_key:?}: {other:?}"),
                 Err(e) => panic!("confirm #{i} to {exchange:?}/{routing_key:?}: {e}"),
             }
+        }
+        count
+    }
+
+    /// [`Self::publish_each`] with at most `window` confirms outstanding:
+    /// fills a queue with a backlog too large to hold every pending confirm
+    /// (or every body) at once. Panics unless all are acked and routed;
+    /// returns the count.
+    pub async fn publish_windowed<I, B>(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        messages: I,
+        window: usize,
+    ) -> usize
+    where
+        I: IntoIterator<Item = (B, BasicProperties)>,
+        B: AsRef<[u8]>,
+    {
+        let check = |confirm: lapin::Result<Confirmation>| match confirm {
+            Ok(Confirmation::Ack(None)) => {}
+            Ok(Confirmation::Ack(Some(ret))) => {
+                panic!("publish to {exchange:?}/{routing_key:?} was returned: {ret:?}")
+            }
+            Ok(other) => panic!("publish to {exchange:?}/{routing_key:?}: {other:?}"),
+            Err(e) => panic!("confirm of a publish to {exchange:?}/{routing_key:?}: {e}"),
+        };
+        let mut pending = FuturesUnordered::new();
+        let mut count = 0;
+        for (body, props) in messages {
+            let confirm = self
+                .channel
+                .basic_publish(
+                    exchange.into(),
+                    routing_key.into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..BasicPublishOptions::default()
+                    },
+                    body.as_ref(),
+                    props,
+                )
+                .await
+                .unwrap_or_else(|e| {
+                    panic!("publish #{count} to {exchange:?}/{routing_key:?}: {e}")
+                });
+            pending.push(confirm);
+            count += 1;
+            while pending.len() >= window.max(1) {
+                check(pending.next().await.expect("a confirm is pending"));
+            }
+        }
+        while let Some(confirm) = pending.next().await {
+            check(confirm);
         }
         count
     }

@@ -2,7 +2,7 @@
 //! prefix, the forwarder started in-process (or as a real process), and
 //! waiting until it consumes.
 
-use super::{DEFAULT_TIMEOUT, TestBroker, amqp_url, wait_until};
+use super::{DEFAULT_TIMEOUT, TestBroker, amqp_str, amqp_url, field_table, procfs, wait_until};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use switchyard::{Options, RunError, Telemetry};
@@ -96,6 +96,35 @@ backup_list = "logging_backups"
         logging = endpoint("logging", "logging"),
         logging_backup = endpoint("logging_backup", "logging.backup"),
     )
+}
+
+/// The smallest forwarding shape after `top`: one branch "service" over
+/// every message to queue `<p>.service`, no backup list.
+pub fn match_all_toml(p: &str, top: &str) -> String {
+    format!(
+        r#"{top}{service}
+[filters.all]
+type = "match_all"
+
+[[filter_table]]
+name = "service"
+filter = "all"
+endpoint = "service"
+"#,
+        service = endpoint_toml("service", "main", &format!("{p}.service"), true, ""),
+    )
+}
+
+/// Declares the inbound queue `<p>.in` exactly as a forwarder on
+/// [`top_toml`] in `nack` mode declares it (durable, dead-letter exchange
+/// `<p>.dlx` and routing key `<p>.dlq`), so it can be filled before the
+/// forwarder starts.
+pub async fn declare_inbound(broker: &TestBroker, p: &str) {
+    let args = field_table([
+        ("x-dead-letter-exchange", amqp_str(&format!("{p}.dlx"))),
+        ("x-dead-letter-routing-key", amqp_str(&format!("{p}.dlq"))),
+    ]);
+    broker.declare_queue_with(&format!("{p}.in"), args).await;
 }
 
 /// One branch "service" over every message: endpoint `primary`, then the
@@ -216,6 +245,7 @@ pub struct Process {
     child: Child,
     /// Where its log goes.
     pub log_path: std::path::PathBuf,
+    config_path: std::path::PathBuf,
 }
 
 impl Process {
@@ -228,6 +258,28 @@ impl Process {
     /// `run`, the others after it) and environment variables (`RUST_LOG` is
     /// `info` unless given).
     pub fn spawn_with(prefix: &str, toml: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::launch(prefix, toml, args, env, None)
+    }
+
+    /// [`Process::spawn_with`] confined to the CPUs of `cpus` (`taskset -c`
+    /// syntax, e.g. `"1"`) from its first instruction.
+    pub fn spawn_pinned(
+        prefix: &str,
+        toml: &str,
+        cpus: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
+        Self::launch(prefix, toml, args, env, Some(cpus))
+    }
+
+    fn launch(
+        prefix: &str,
+        toml: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+        cpus: Option<&str>,
+    ) -> Self {
         let dir = std::env::temp_dir();
         let config_path = dir.join(format!("{prefix}.toml"));
         std::fs::write(&config_path, toml).unwrap_or_else(|e| panic!("write config: {e}"));
@@ -235,7 +287,17 @@ impl Process {
         let log = std::fs::File::create(&log_path).unwrap_or_else(|e| panic!("create log: {e}"));
         let (global, local): (Vec<&str>, Vec<&str>) =
             args.iter().partition(|a| a.starts_with("--log-format"));
-        let child = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        let binary = env!("CARGO_BIN_EXE_switchyard");
+        // taskset execs the binary: the pid stays the forwarder's.
+        let mut command = match cpus {
+            Some(cpus) => {
+                let mut c = Command::new("taskset");
+                c.args(["-c", cpus, binary]);
+                c
+            }
+            None => Command::new(binary),
+        };
+        let child = command
             .args(global)
             .args(["run", "--config"])
             .arg(&config_path)
@@ -246,18 +308,44 @@ impl Process {
             .stderr(log)
             .spawn()
             .unwrap_or_else(|e| panic!("spawn switchyard: {e}"));
-        Self { child, log_path }
+        Self {
+            child,
+            log_path,
+            config_path,
+        }
+    }
+
+    /// The path of the binary [`Process::spawn`] runs.
+    pub fn binary() -> &'static str {
+        env!("CARGO_BIN_EXE_switchyard")
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// The process's resident memory in KiB, from `/proc`.
     pub fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_default();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or(0)
+        procfs::status_kib(self.pid(), "VmRSS").unwrap_or(0)
+    }
+
+    /// The process's peak resident memory so far (`VmHWM`) in KiB; 0 once it has exited.
+    pub fn peak_rss_kib(&self) -> u64 {
+        procfs::status_kib(self.pid(), "VmHWM").unwrap_or(0)
+    }
+
+    /// The CPU time (user + system, all threads) the process has used, in
+    /// clock ticks; `None` once it has exited.
+    pub fn cpu_ticks(&self) -> Option<u64> {
+        procfs::cpu_ticks(self.pid())
+    }
+
+    /// Removes the configuration and log files it was started with (a run
+    /// that went well needs neither).
+    pub fn remove_files(&self) {
+        let _ = std::fs::remove_file(&self.config_path);
+        let _ = std::fs::remove_file(&self.log_path);
     }
 
     /// Sends `signal` (e.g. "KILL", "TERM") to the process.

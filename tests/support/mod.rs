@@ -4,7 +4,8 @@
 //! never answers (`BlackHole`), an HTTP client and metrics reader for the
 //! admin endpoint (`http_get`, `Metrics`), a private RabbitMQ node
 //! (`PrivateNode`) for faults the shared broker must not see, and a raw AMQP
-//! client (`raw`) for messages a client library cannot be trusted to decode.
+//! client (`raw`) for messages a client library cannot be trusted to decode,
+//! and CPU and memory readings from `/proc` (`procfs`) for measurements.
 //!
 //! Every test names all of its queues, exchanges and connections with a
 //! `unique_prefix`, so tests can run in parallel and repeatedly against the
@@ -16,6 +17,7 @@ pub mod harness;
 pub mod http;
 pub mod node;
 pub mod polling;
+pub mod procfs;
 pub mod proxy;
 pub mod rabbitmqctl;
 pub mod raw;

@@ -15,7 +15,7 @@ use std::time::Duration;
 use lapin::{Connection, ConnectionProperties};
 
 use super::rabbitmqctl::parse_connection_name;
-use super::{BrokerConnection, rabbitmqctl, wait_until};
+use super::{BrokerConnection, rabbitmqctl, try_rabbitmqctl, wait_until};
 
 /// Bound on a node's boot (and on the app's start after `start_app`).
 pub const NODE_START_TIMEOUT: Duration = Duration::from_secs(90);
@@ -35,6 +35,17 @@ pub struct PrivateNode {
     extra_port: u16,
     /// Lines added to `rabbitmq.conf`.
     extra_conf: String,
+    setup: NodeSetup,
+}
+
+/// What a node starts with beyond the defaults (no plugins, any CPU).
+#[derive(Debug, Clone, Default)]
+pub struct NodeSetup {
+    /// Plugins enabled from the start (`rabbitmq_shovel`...).
+    pub plugins: Vec<String>,
+    /// A CPU list (`taskset -c` syntax, e.g. `"0"`) the node is started on;
+    /// the Erlang VM sizes its schedulers to it.
+    pub cpus: Option<String>,
 }
 
 impl PrivateNode {
@@ -47,6 +58,12 @@ impl PrivateNode {
     /// node's `rabbitmq.conf`; `port` is a free port of the node's own
     /// (a TLS listener, say), also given by [`Self::extra_port`].
     pub async fn start_with_conf(extra: impl FnOnce(u16) -> String) -> PrivateNode {
+        Self::start_with(NodeSetup::default(), extra).await
+    }
+
+    /// [`Self::start_with_conf`] with plugins enabled and the node confined
+    /// to CPUs as `setup` says.
+    pub async fn start_with(setup: NodeSetup, extra: impl FnOnce(u16) -> String) -> PrivateNode {
         let id = uuid::Uuid::new_v4().simple().to_string();
         let name = format!("sy-{}@localhost", &id[..8]);
         let base = std::env::temp_dir().join(format!("sy-node-{}", &id[..8]));
@@ -60,6 +77,7 @@ impl PrivateNode {
             stopped: false,
             extra_port,
             extra_conf: extra(extra_port),
+            setup,
         };
         node.write_files();
         node.launch();
@@ -80,6 +98,12 @@ impl PrivateNode {
     /// The node's AMQP listener.
     pub fn amqp_addr(&self) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// The operating-system pid of the node's Erlang VM (from its pid file),
+    /// for its CPU and memory in `/proc`.
+    pub fn os_pid(&self) -> Option<u32> {
+        read_pid(&self.pid_file())
     }
 
     /// The Erlang node name (`sy-<hex>@localhost`), as `rabbitmqctl -n` takes it.
@@ -152,7 +176,7 @@ impl PrivateNode {
     /// Removes policy `name`; one that does not exist is not an error.
     pub async fn clear_policy(&self, name: &str) {
         let args = ["-n", self.name.as_str(), "clear_policy", name];
-        if let Err(e) = run_ctl(&args).await
+        if let Err(e) = try_rabbitmqctl(&args).await
             && !e.contains("does not exist")
         {
             panic!("rabbitmqctl {args:?} failed: {e}");
@@ -249,7 +273,7 @@ impl PrivateNode {
                 // The connection may have gone by itself since the listing.
                 let mut args = vec!["-n", self.name.as_str()];
                 args.extend(["close_connection", conn.pid.as_str(), "test fault"]);
-                if run_ctl(&args).await.is_ok() {
+                if try_rabbitmqctl(&args).await.is_ok() {
                     closed += 1;
                 }
             }
@@ -293,7 +317,8 @@ impl PrivateNode {
             ),
         )
         .unwrap_or_else(|e| panic!("write rabbitmq.conf: {e}"));
-        std::fs::write(self.base.join("enabled_plugins"), "[].\n")
+        let plugins = format!("[{}].\n", self.setup.plugins.join(","));
+        std::fs::write(self.base.join("enabled_plugins"), plugins)
             .unwrap_or_else(|e| panic!("write enabled_plugins: {e}"));
         // rabbitmq-server started as root runs itself as the rabbitmq user,
         // which must own everything it writes.
@@ -311,7 +336,15 @@ impl PrivateNode {
 
     fn launch(&self) {
         let base = &self.base;
-        let status = Command::new("rabbitmq-server")
+        let mut command = match &self.setup.cpus {
+            Some(cpus) => {
+                let mut c = Command::new("taskset");
+                c.args(["-c", cpus, "rabbitmq-server"]);
+                c
+            }
+            None => Command::new("rabbitmq-server"),
+        };
+        let status = command
             .arg("-detached")
             .env("RABBITMQ_NODENAME", &self.name)
             .env("RABBITMQ_NODE_PORT", self.port.to_string())
@@ -428,24 +461,6 @@ fn shut_down(name: &str, pid_file: &Path, base: &Path) {
 
 fn read_pid(pid_file: &Path) -> Option<u32> {
     std::fs::read_to_string(pid_file).ok()?.trim().parse().ok()
-}
-
-/// `rabbitmqctl <args>` returning its failure instead of panicking.
-async fn run_ctl(args: &[&str]) -> Result<String, String> {
-    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    tokio::task::spawn_blocking(move || {
-        let out = Command::new("rabbitmqctl")
-            .args(&args)
-            .output()
-            .map_err(|e| e.to_string())?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
-        }
-    })
-    .await
-    .expect("rabbitmqctl task panicked")
 }
 
 /// Two distinct free ports for the AMQP listener and Erlang distribution,

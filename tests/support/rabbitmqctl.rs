@@ -27,6 +27,31 @@ pub async fn rabbitmqctl(args: &[&str]) -> String {
     .expect("rabbitmqctl task panicked")
 }
 
+/// `rabbitmqctl <args>` returning its failure (stderr) instead of panicking.
+pub async fn try_rabbitmqctl(args: &[&str]) -> Result<String, String> {
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        let out = Command::new("rabbitmqctl")
+            .args(&args)
+            .output()
+            .map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    })
+    .await
+    .expect("rabbitmqctl task panicked")
+}
+
+/// The operating-system pid of the shared broker's Erlang VM, for its CPU
+/// and memory in `/proc`; `None` when it cannot be asked.
+pub async fn broker_os_pid() -> Option<u32> {
+    let out = try_rabbitmqctl(&["eval", "os:getpid()."]).await.ok()?;
+    out.trim().trim_matches('"').parse().ok()
+}
+
 /// `(messages_ready, messages_unacknowledged)` of `queue` as the broker
 /// reports them (`rabbitmqctl list_queues`); `None` if the queue is missing.
 /// Unlike a passive declare, this also sees the unacked (in-flight) ones.

@@ -1,0 +1,292 @@
+//! `cargo bench --bench throughput [-- OPTIONS]`: switchyard, as its release
+//! binary in a process of its own, against RabbitMQ's Shovel on the same
+//! broker, from preloaded backlogs; medians of alternating rounds in one
+//! table. `--help` lists the options; `bench/README.md` says how to run
+//! it and `BENCHMARKS.md` how to read the output.
+//!
+//! Built on the integration tests' kit (`tests/support`): its broker client
+//! preloads and polls, its harness writes the configurations and runs the
+//! binary, its `rabbitmqctl` wrappers and private node do the rest.
+
+#[path = "../../tests/support/mod.rs"]
+mod support;
+
+mod latency;
+mod modes;
+mod report;
+mod rows;
+mod target;
+mod window;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+
+use rows::{Ctx, Row};
+use support::harness::Process;
+use support::{NodeSetup, PrivateNode, delete_all_with_prefix, procfs, unique_prefix};
+use target::{SHOVEL_PLUGIN, Target, redact};
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "throughput",
+    bin_name = "cargo bench --bench throughput --",
+    about = "switchyard vs RabbitMQ Shovel: throughput, CPU per copy, latency, memory"
+)]
+pub struct Opts {
+    /// Messages preloaded into each source queue.
+    #[arg(long, default_value_t = 100_000)]
+    backlog: u64,
+    /// Rounds; each runs every row once, in alternating order.
+    #[arg(long, default_value_t = 3)]
+    rounds: u32,
+    /// The forwarder's inbound.prefetch and the shovels' src-prefetch-count.
+    #[arg(long, default_value_t = 1000)]
+    prefetch: u32,
+    /// The rows of the main table (S, F1, S2, 2S, F2) [default: all; S,F1,F2 with --split-cores].
+    #[arg(long, value_delimiter = ',')]
+    rows: Vec<Row>,
+    /// Body sizes (bytes) for F1 and F2 CPU per copy; 1024 reuses the main table's runs.
+    #[arg(long, value_delimiter = ',', default_value = "1024")]
+    sizes: Vec<usize>,
+    /// Caps backlog × body size (MiB) for large bodies: 256 MiB is 4096 bodies of 64 KiB.
+    #[arg(long, default_value_t = 256)]
+    max_backlog_mib: u64,
+    /// Seconds of the latency run (L); 0 skips it.
+    #[arg(long, default_value_t = 30.0)]
+    latency_secs: f64,
+    /// Messages per second of the latency run [default: half of F2's msgs/s].
+    #[arg(long)]
+    latency_rate: Option<f64>,
+    /// Skip the forwarder's peak RSS with 64 KiB bodies.
+    #[arg(long)]
+    no_memory: bool,
+    /// The shovels' URI: `direct` (amqp://, Shovel's in-broker connection) or `tcp` (the broker's URL).
+    #[arg(long, default_value = "direct", value_parser = ["direct", "tcp"])]
+    shovel_uri: String,
+    /// Run on a private node pinned to CPU 0, the forwarder pinned to CPU 1.
+    #[arg(long)]
+    split_cores: bool,
+    /// F2 at --backlog and at --scale-backlog instead of the default run.
+    #[arg(long)]
+    scale: bool,
+    /// The larger backlog of --scale.
+    #[arg(long, default_value_t = 1_000_000)]
+    scale_backlog: u64,
+    /// A run whose counts do not move for this many seconds fails.
+    #[arg(long, default_value_t = 60)]
+    stall_secs: u64,
+    /// Passed by `cargo bench`; without it (`cargo test --benches`) nothing runs.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+impl Opts {
+    fn rows(&self) -> Vec<Row> {
+        match (self.rows.is_empty(), self.split_cores) {
+            (false, _) => self.rows.clone(),
+            (true, false) => Row::ALL.to_vec(),
+            (true, true) => vec![Row::S, Row::F1, Row::F2],
+        }
+    }
+
+    /// The backlog for bodies of `size`: `--backlog`, capped by `--max-backlog-mib`.
+    fn backlog_for(&self, size: usize) -> u64 {
+        let cap = self.max_backlog_mib * 1024 * 1024 / size.max(1) as u64;
+        self.backlog.min(cap).max(1)
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let opts = Opts::parse();
+    if !opts.bench {
+        eprintln!("throughput: a benchmark; run it with `cargo bench --bench throughput`");
+        return ExitCode::SUCCESS;
+    }
+    if opts.rounds == 0 || opts.backlog == 0 {
+        eprintln!("throughput: --rounds and --backlog must be at least 1");
+        return ExitCode::FAILURE;
+    }
+    let run_prefix = unique_prefix("bench");
+    let mut task = tokio::spawn(bench(opts.clone(), run_prefix.clone()));
+    let (result, interrupted) = tokio::select! {
+        r = &mut task => (r.unwrap_or_else(|e| Err(format!("{e}"))), false),
+        _ = tokio::signal::ctrl_c() => {
+            // Dropping the run kills its forwarder and stops a private node.
+            task.abort();
+            let _ = task.await;
+            (Err("interrupted".to_owned()), true)
+        }
+    };
+    if !opts.split_cores {
+        // A rabbitmqctl call cut short may still be creating shovels (and
+        // their queues): after an interruption, sweep twice.
+        for _ in 0..if interrupted { 2 } else { 1 } {
+            sweep(&run_prefix).await;
+        }
+    }
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // The failure's message carries the forwarder's log.
+            remove_temp_files(&run_prefix);
+            eprintln!("throughput: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Removes whatever a failed or interrupted row left on the shared broker:
+/// shovels first, then queues and exchanges.
+async fn sweep(run_prefix: &str) {
+    Target::shared()
+        .await
+        .clear_shovels_with_prefix(run_prefix)
+        .await;
+    delete_all_with_prefix(run_prefix).await;
+}
+
+/// The configuration and log files of the forwarders of this run.
+fn remove_temp_files(run_prefix: &str) {
+    let Ok(dir) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in dir.flatten() {
+        if entry.file_name().to_string_lossy().starts_with(run_prefix) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// Runs what the options ask for and prints the tables.
+async fn bench(opts: Opts, run_prefix: String) -> Result<(), String> {
+    let rows = opts.rows();
+    let mut node = None;
+    let target = if opts.split_cores {
+        if procfs::cores() < 2 {
+            return Err("--split-cores needs two CPUs".to_owned());
+        }
+        eprintln!("starting a private node on CPU 0 ...");
+        let setup = NodeSetup {
+            plugins: vec![SHOVEL_PLUGIN.to_owned()],
+            cpus: Some("0".to_owned()),
+        };
+        let started = PrivateNode::start_with(setup, |_| String::new()).await;
+        let target = Target::private(&started);
+        pin_all_threads(target.pid, "0").await?;
+        node = Some(started);
+        target
+    } else {
+        Target::shared().await
+    };
+    let shovel_note = if opts.split_cores || !rows.iter().any(|r| !r.is_forwarder()) {
+        None
+    } else {
+        Some(target.ensure_shovel().await)
+    };
+    let ctx = Arc::new(Ctx {
+        shovel_uri: match opts.shovel_uri.as_str() {
+            "tcp" => target.url.clone(),
+            _ => "amqp://".to_owned(),
+        },
+        target,
+        prefetch: opts.prefetch,
+        stall: Duration::from_secs(opts.stall_secs),
+        clock_ticks: procfs::clock_ticks_per_sec(),
+        forwarder_cpus: opts.split_cores.then(|| "1".to_owned()),
+    });
+    println!("{}", header(&opts, &ctx, shovel_note).await);
+
+    let result = if opts.scale {
+        modes::scale(&opts, &ctx, &run_prefix).await
+    } else if opts.split_cores {
+        modes::split(&opts, &ctx, &run_prefix, &rows).await
+    } else {
+        modes::default_run(&opts, &ctx, &run_prefix, &rows).await
+    };
+    if let Some(node) = node {
+        node.stop().await;
+    }
+    result
+}
+
+/// Confines every thread of process `pid` to `cpus`.
+async fn pin_all_threads(pid: Option<u32>, cpus: &str) -> Result<(), String> {
+    let pid = pid.ok_or("the private node's OS pid is unknown")?;
+    let out = tokio::process::Command::new("taskset")
+        .args(["-a", "-p", "-c", cpus, &pid.to_string()])
+        .output()
+        .await
+        .map_err(|e| format!("taskset: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "taskset -a -p -c {cpus} {pid}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(())
+}
+
+async fn header(opts: &Opts, ctx: &Ctx, shovel_note: Option<String>) -> String {
+    let git = tokio::process::Command::new("git")
+        .args(["describe", "--always", "--dirty"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .await
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "unknown".to_owned());
+    let binary = Process::binary();
+    let binary = binary
+        .strip_prefix(env!("CARGO_MANIFEST_DIR"))
+        .map_or(binary, |b| b.trim_start_matches('/'));
+    let mode = if opts.split_cores {
+        "split cores: a private node confined to CPU 0, the forwarder to CPU 1"
+    } else {
+        "shared: broker and forwarder on any CPU"
+    };
+    let mut lines = vec![
+        "# switchyard throughput benchmark".to_owned(),
+        String::new(),
+        format!(
+            "- machine: {} CPUs ({}), load average {} at start",
+            procfs::cores(),
+            procfs::cpu_model().unwrap_or_else(|| "unknown model".to_owned()),
+            procfs::load_average().unwrap_or_default()
+        ),
+        format!(
+            "- broker: {} — {}",
+            redact(&ctx.target.url),
+            ctx.target.describe().await
+        ),
+        format!(
+            "- forwarder: {binary} {} (git {git}), a process of its own",
+            env!("CARGO_PKG_VERSION")
+        ),
+        format!("- mode: {mode}"),
+        format!(
+            "- settings: persistent bodies, prefetch {} (forwarder and Shovel), Shovel ack-mode \
+             on-confirm over {}, backlog {} per source queue, {} round(s) in alternating order",
+            opts.prefetch,
+            if ctx.shovel_uri == "amqp://" {
+                "amqp:// (direct, in-broker)"
+            } else {
+                "the broker's URL (TCP)"
+            },
+            if opts.scale {
+                format!("{} and {}", opts.backlog, opts.scale_backlog)
+            } else {
+                opts.backlog.to_string()
+            },
+            opts.rounds
+        ),
+    ];
+    if let Some(note) = shovel_note {
+        lines.push(format!("- shovel plugin: {note}"));
+    }
+    lines.join("\n")
+}

@@ -1,0 +1,213 @@
+//! What a run does: the default table (with the body-size sweep, the
+//! memory figures and the latency run), split cores, or scale. Rows run one
+//! after the other, rounds in alternating order, a progress line each on
+//! stderr; the tables go to stdout at the end.
+
+use std::sync::Arc;
+
+use tokio_util::task::AbortOnDropHandle;
+
+use crate::Opts;
+use crate::rows::{self, Ctx, Outcome, Plan, Row, Topology};
+use crate::{latency, report};
+
+/// The body size of the main table.
+pub const MAIN_SIZE: usize = 1024;
+/// The body size of the second memory figure.
+const LARGE_SIZE: usize = 65536;
+
+/// Runs `plans` one after the other, printing a line per run; stops at the first failure.
+async fn run_all(ctx: &Arc<Ctx>, plans: Vec<Plan>, out: &mut Vec<Outcome>) -> Result<(), String> {
+    for plan in plans {
+        let outcome = rows::run(ctx.clone(), plan).await?;
+        eprintln!("{}", outcome.line());
+        out.push(outcome);
+    }
+    Ok(())
+}
+
+/// `rounds` rounds of `rows`, in the given order in odd rounds and reversed in even ones.
+fn plans(run_prefix: &str, rounds: u32, rows: &[Row], size: usize, backlog: u64) -> Vec<Plan> {
+    let mut plans = Vec::new();
+    for round in 1..=rounds {
+        let mut order = rows.to_vec();
+        if round % 2 == 0 {
+            order.reverse();
+        }
+        for row in order {
+            plans.push(plan(run_prefix, round, row, size, backlog));
+        }
+    }
+    plans
+}
+
+/// One run, its names under `<run prefix>-r<round>-<row>-<size>-<backlog>`.
+fn plan(run_prefix: &str, round: u32, row: Row, size: usize, backlog: u64) -> Plan {
+    let label = row.label().to_lowercase();
+    Plan {
+        row,
+        round,
+        backlog,
+        size,
+        prefix: format!("{run_prefix}-r{round}-{label}-{size}-{backlog}"),
+    }
+}
+
+pub async fn default_run(
+    opts: &Opts,
+    ctx: &Arc<Ctx>,
+    run_prefix: &str,
+    rows: &[Row],
+) -> Result<(), String> {
+    let mut all = Vec::new();
+    let main = plans(run_prefix, opts.rounds, rows, MAIN_SIZE, opts.backlog);
+    run_all(ctx, main, &mut all).await?;
+
+    let forwarders: Vec<Row> = rows.iter().copied().filter(|r| r.is_forwarder()).collect();
+    let mut swept = Vec::new();
+    for &size in &opts.sizes {
+        let backlog = opts.backlog_for(size);
+        if size != MAIN_SIZE || backlog != opts.backlog {
+            let sweep = plans(run_prefix, opts.rounds, &forwarders, size, backlog);
+            run_all(ctx, sweep, &mut all).await?;
+        }
+        swept.push((size, backlog));
+    }
+    let mut memory = vec![(MAIN_SIZE, opts.backlog)];
+    if !opts.no_memory && rows.contains(&Row::F2) {
+        let large = (LARGE_SIZE, opts.backlog_for(LARGE_SIZE));
+        if !swept.contains(&large) {
+            let plan = plans(run_prefix, 1, &[Row::F2], large.0, large.1);
+            run_all(ctx, plan, &mut all).await?;
+        }
+        memory.push(large);
+    }
+
+    let f2 = report::stats(&all, Row::F2, MAIN_SIZE, opts.backlog).map(|s| s.msgs);
+    let latency = match (
+        opts.latency_secs > 0.0,
+        opts.latency_rate.or(f2.map(|r| r / 2.0)),
+    ) {
+        (true, Some(rate)) => {
+            eprintln!("latency: {rate:.0} msgs/s for {} s ...", opts.latency_secs);
+            let p = format!("{run_prefix}-latency");
+            let topology = Topology::of(Row::F2, &p);
+            let task = AbortOnDropHandle::new(tokio::spawn(latency::run(
+                ctx.clone(),
+                p.clone(),
+                rate,
+                opts.latency_secs,
+                MAIN_SIZE,
+            )));
+            let result = task.await;
+            topology.remove(&ctx.target, &p).await;
+            Some(result.map_err(|e| format!("latency run failed: {e}"))?)
+        }
+        (true, None) => {
+            eprintln!("latency: skipped (no F2 rate; give --latency-rate)");
+            None
+        }
+        _ => None,
+    };
+
+    println!(
+        "\n## Throughput: {} bodies, backlog {}, medians of {} round(s)\n",
+        report::size_label(MAIN_SIZE),
+        opts.backlog,
+        opts.rounds
+    );
+    println!(
+        "{}",
+        report::throughput(&all, rows, MAIN_SIZE, opts.backlog)
+    );
+    if !forwarders.is_empty() {
+        println!("## CPU per copy by body size (medians)\n");
+        println!("{}", report::sizes(&all, &swept));
+    }
+    if rows.contains(&Row::F2) {
+        println!("## Memory\n");
+        println!("{}", report::memory(&all, &memory, opts.prefetch));
+    }
+    if let Some(l) = latency {
+        println!("## Latency (L): seed scenario, publish to arrival on the service queue\n");
+        println!("{}", report::latency(&l));
+    }
+    notes(&all);
+    Ok(())
+}
+
+pub async fn split(
+    opts: &Opts,
+    ctx: &Arc<Ctx>,
+    run_prefix: &str,
+    rows: &[Row],
+) -> Result<(), String> {
+    let mut all = Vec::new();
+    let main = plans(run_prefix, opts.rounds, rows, MAIN_SIZE, opts.backlog);
+    run_all(ctx, main, &mut all).await?;
+    println!(
+        "\n## Split cores: broker on CPU 0, forwarder on CPU 1; {} bodies, backlog {}, medians of {} round(s)\n",
+        report::size_label(MAIN_SIZE),
+        opts.backlog,
+        opts.rounds
+    );
+    println!(
+        "{}",
+        report::throughput(&all, rows, MAIN_SIZE, opts.backlog)
+    );
+    notes(&all);
+    Ok(())
+}
+
+pub async fn scale(opts: &Opts, ctx: &Arc<Ctx>, run_prefix: &str) -> Result<(), String> {
+    let mut all = Vec::new();
+    let backlogs = [opts.backlog, opts.scale_backlog];
+    for round in 1..=opts.rounds {
+        let mut order = backlogs.to_vec();
+        if round % 2 == 0 {
+            order.reverse();
+        }
+        let runs = order
+            .into_iter()
+            .map(|backlog| plan(run_prefix, round, Row::F2, MAIN_SIZE, backlog))
+            .collect();
+        run_all(ctx, runs, &mut all).await?;
+    }
+    println!(
+        "\n## Scale: F2 by backlog, {} bodies, medians of {} round(s)\n",
+        report::size_label(MAIN_SIZE),
+        opts.rounds
+    );
+    println!("{}", report::scale(&all, MAIN_SIZE, &backlogs));
+    notes(&all);
+    Ok(())
+}
+
+/// Cores of other work above which a run's rate is called depressed.
+const BUSY: f64 = 0.5;
+
+/// The runs whose after-run check found something, those whose window had
+/// to include start-up, and those that shared the machine with other work.
+fn notes(all: &[Outcome]) {
+    for o in all {
+        let run = format!(
+            "round {} {} {}",
+            o.plan.round,
+            o.plan.row.label(),
+            report::size_label(o.plan.size)
+        );
+        for note in &o.notes {
+            println!("NOTE {run}: {note}");
+        }
+        if o.window.whole_run {
+            println!(
+                "NOTE {run}: the copies landed before start-up ended; its window includes start-up"
+            );
+        }
+        if let Some(others) = o.window.others_cores().filter(|c| *c > BUSY) {
+            println!(
+                "NOTE {run}: other work used {others:.2} cores during its window; its rate is depressed"
+            );
+        }
+    }
+}

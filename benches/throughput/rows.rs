@@ -1,0 +1,496 @@
+//! The rows of the table: what each one declares, preloads and starts, and
+//! what it checks afterwards. Every name starts with the row's prefix; a
+//! row's [`Topology`] is known before it starts, so it is removed whatever
+//! happens to the row.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lapin::{BasicProperties, ExchangeKind};
+use serde_json::json;
+use tokio_util::task::AbortOnDropHandle;
+
+use crate::support::TestBroker;
+use crate::support::harness::{
+    Process, declare_inbound, match_all_toml, seed_toml, top_toml_at, wait_consumers,
+};
+use crate::target::Target;
+use crate::window::{Mover, Watch, Window};
+
+/// Publishes in flight while preloading.
+const PRELOAD_WINDOW: usize = 2000;
+/// How long the forwarder may take to finish after SIGTERM.
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One kind of run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Row {
+    /// One shovel, preloaded queue to one queue.
+    S,
+    /// The forwarder, one `match_all` branch to one queue.
+    F1,
+    /// One shovel into a fanout exchange bound to two queues.
+    S2,
+    /// Two shovels side by side, each queue to queue.
+    TwoS,
+    /// The forwarder, the seed scenario: two branches, each with a backup.
+    F2,
+}
+
+impl Row {
+    /// Every row, in the order of the table.
+    pub const ALL: [Row; 5] = [Row::S, Row::F1, Row::S2, Row::TwoS, Row::F2];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Row::S => "S",
+            Row::F1 => "F1",
+            Row::S2 => "S2",
+            Row::TwoS => "2S",
+            Row::F2 => "F2",
+        }
+    }
+
+    pub fn what(self) -> &'static str {
+        match self {
+            Row::S => "Shovel, queue → 1 queue",
+            Row::F1 => "switchyard, 1 branch → 1 queue",
+            Row::S2 => "Shovel → fanout → 2 queues",
+            Row::TwoS => "2 Shovels side by side",
+            Row::F2 => "switchyard, seed: 2 branches + backups",
+        }
+    }
+
+    /// Copies landed per source message consumed.
+    pub fn copies_per_msg(self) -> u64 {
+        match self {
+            Row::S | Row::F1 | Row::TwoS => 1,
+            Row::S2 | Row::F2 => 2,
+        }
+    }
+
+    pub fn is_forwarder(self) -> bool {
+        matches!(self, Row::F1 | Row::F2)
+    }
+}
+
+impl FromStr for Row {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Row::ALL
+            .into_iter()
+            .find(|r| r.label().eq_ignore_ascii_case(s.trim()))
+            .ok_or_else(|| format!("unknown row {s:?} (rows: S, F1, S2, 2S, F2)"))
+    }
+}
+
+/// What every row needs.
+pub struct Ctx {
+    pub target: Target,
+    pub prefetch: u32,
+    /// The URI the shovels use for both ends.
+    pub shovel_uri: String,
+    pub stall: Duration,
+    pub clock_ticks: f64,
+    /// CPUs the forwarder is confined to (split-cores mode).
+    pub forwarder_cpus: Option<String>,
+}
+
+/// One run of one row.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub row: Row,
+    pub round: u32,
+    /// Messages preloaded into each source queue.
+    pub backlog: u64,
+    pub size: usize,
+    /// Every name of the run starts with it.
+    pub prefix: String,
+}
+
+/// What one run measured.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub plan: Plan,
+    pub window: Window,
+    /// The forwarder's peak resident memory (VmHWM), KiB.
+    pub peak_rss_kib: Option<u64>,
+    /// What the check after the run found wrong.
+    pub notes: Vec<String>,
+}
+
+impl Outcome {
+    pub fn copies_per_sec(&self) -> f64 {
+        self.window.copies_per_sec()
+    }
+
+    pub fn msgs_per_sec(&self) -> f64 {
+        self.copies_per_sec() / self.plan.row.copies_per_msg() as f64
+    }
+
+    pub fn forwarder_us(&self) -> Option<f64> {
+        self.window.us_per_copy(self.window.mover_cpu)
+    }
+
+    pub fn broker_us(&self) -> Option<f64> {
+        self.window.us_per_copy(self.window.broker_cpu)
+    }
+
+    /// One progress line.
+    pub fn line(&self) -> String {
+        let w = &self.window;
+        let opt =
+            |v: Option<f64>, digits: usize| v.map_or("-".to_owned(), |v| format!("{v:.digits$}"));
+        let mut line = format!(
+            "round {} {:<2} {:>6} B × {:<7} {:>6.0} msgs/s {:>6.0} copies/s  µs/copy forwarder {:>4} broker {:>4}  \
+             window {:.2} s after {:.2} s  others {} cores",
+            self.plan.round,
+            self.plan.row.label(),
+            self.plan.size,
+            self.plan.backlog,
+            self.msgs_per_sec(),
+            self.copies_per_sec(),
+            opt(self.forwarder_us(), 0),
+            opt(self.broker_us(), 0),
+            w.secs,
+            w.start_up.as_secs_f64(),
+            opt(w.others_cores(), 2),
+        );
+        if let Some(kib) = self.peak_rss_kib {
+            line.push_str(&format!("  peak RSS {:.1} MiB", kib as f64 / 1024.0));
+        }
+        if w.whole_run {
+            line.push_str("  (window = whole run: the copies landed before the start-up ended)");
+        }
+        for note in &self.notes {
+            line.push_str(&format!("\n    NOTE: {note}"));
+        }
+        line
+    }
+}
+
+/// The names a run creates, known before it starts.
+#[derive(Debug, Default, Clone)]
+pub struct Topology {
+    pub queues: Vec<String>,
+    pub exchanges: Vec<String>,
+    pub shovels: Vec<String>,
+}
+
+impl Topology {
+    pub fn of(row: Row, p: &str) -> Self {
+        let q = |s: &str| format!("{p}.{s}");
+        match row {
+            Row::S => Self {
+                queues: vec![q("src"), q("dst")],
+                shovels: vec![format!("{p}-shovel")],
+                ..Self::default()
+            },
+            Row::S2 => Self {
+                queues: vec![q("src"), q("dst1"), q("dst2")],
+                exchanges: vec![q("fanout")],
+                shovels: vec![format!("{p}-shovel")],
+            },
+            Row::TwoS => Self {
+                queues: vec![q("src1"), q("dst1"), q("src2"), q("dst2")],
+                shovels: vec![format!("{p}-shovel1"), format!("{p}-shovel2")],
+                ..Self::default()
+            },
+            Row::F1 => Self {
+                queues: vec![q("in"), q("dlq"), q("service")],
+                exchanges: vec![q("dlx")],
+                ..Self::default()
+            },
+            Row::F2 => Self {
+                queues: vec![
+                    q("in"),
+                    q("dlq"),
+                    q("service"),
+                    q("service.backup"),
+                    q("logging"),
+                    q("logging.backup"),
+                ],
+                exchanges: vec![q("dlx")],
+                ..Self::default()
+            },
+        }
+    }
+
+    /// Removes it all: shovels first, then queues and exchanges.
+    pub async fn remove(&self, target: &Target, p: &str) {
+        for shovel in &self.shovels {
+            target.clear_shovel(shovel).await;
+        }
+        let broker = target.connect(&format!("{p}-cleanup")).await;
+        let queues: Vec<&str> = self.queues.iter().map(String::as_str).collect();
+        let exchanges: Vec<&str> = self.exchanges.iter().map(String::as_str).collect();
+        broker.cleanup(&queues, &exchanges).await;
+        broker.close().await;
+    }
+}
+
+/// Runs `plan` in a task of its own and removes its topology afterwards,
+/// whether it finished, failed or panicked.
+pub async fn run(ctx: Arc<Ctx>, plan: Plan) -> Result<Outcome, String> {
+    let topology = Topology::of(plan.row, &plan.prefix);
+    // Aborted when the benchmark is (Ctrl-C): its forwarder is killed then.
+    let task = AbortOnDropHandle::new(tokio::spawn(run_plan(ctx.clone(), plan.clone())));
+    let result = task.await.map_err(|e| {
+        format!(
+            "round {} {} ({} B) failed: {e}",
+            plan.round,
+            plan.row.label(),
+            plan.size
+        )
+    });
+    topology.remove(&ctx.target, &plan.prefix).await;
+    result
+}
+
+async fn run_plan(ctx: Arc<Ctx>, plan: Plan) -> Outcome {
+    let p = &plan.prefix;
+    let broker = ctx.target.connect(&format!("{p}-bench")).await;
+    let outcome = if plan.row.is_forwarder() {
+        forwarder(&ctx, &broker, &plan).await
+    } else {
+        shovels(&ctx, &broker, &plan).await
+    };
+    broker.close().await;
+    outcome
+}
+
+/// A body of `size` bytes, the first ones the message's index.
+pub fn body(i: u64, size: usize) -> Vec<u8> {
+    let mut body: Vec<u8> = (0..size).map(|j| b'a' + (j % 26) as u8).collect();
+    let tag = i.to_be_bytes();
+    let n = tag.len().min(size);
+    body[..n].copy_from_slice(&tag[..n]);
+    body
+}
+
+/// Fills `queue` with `n` persistent messages of `size` bytes.
+async fn preload(broker: &TestBroker, queue: &str, n: u64, size: usize) {
+    let messages = (0..n).map(|i| {
+        let props = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_content_type("application/octet-stream".into())
+            .with_message_id(format!("{queue}-{i}").into());
+        (body(i, size), props)
+    });
+    broker
+        .publish_windowed("", queue, messages, PRELOAD_WINDOW)
+        .await;
+    let have = u64::from(broker.queue_len(queue).await);
+    assert_eq!(have, n, "{queue} holds {have} after preloading {n}");
+}
+
+/// Every destination of every row receives the backlog once.
+fn watch<'a>(
+    ctx: &'a Ctx,
+    broker: &'a TestBroker,
+    plan: &Plan,
+    groups: Vec<Vec<String>>,
+) -> Watch<'a> {
+    Watch {
+        broker,
+        target: &ctx.target,
+        groups,
+        per_group: plan.backlog,
+        stall: ctx.stall,
+        clock_ticks: ctx.clock_ticks,
+    }
+}
+
+/// Counts that differ from `expected`, as notes.
+async fn check(broker: &TestBroker, expected: &[(String, u64)]) -> Vec<String> {
+    let mut notes = Vec::new();
+    for (queue, want) in expected {
+        let have = u64::from(broker.queue_len(queue).await);
+        if have != *want {
+            notes.push(format!(
+                "after the run {queue} holds {have}, expected {want}"
+            ));
+        }
+    }
+    notes
+}
+
+async fn forwarder(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
+    let p = &plan.prefix;
+    let q = |s: &str| format!("{p}.{s}");
+    declare_inbound(broker, p).await;
+    // The endpoint queues: all but the inbound and the dead-letter queue.
+    let outputs: Vec<String> = Topology::of(plan.row, p)
+        .queues
+        .into_iter()
+        .filter(|queue| *queue != q("in") && *queue != q("dlq"))
+        .collect();
+    // Declared as the forwarder declares them, so that polls find them.
+    for queue in &outputs {
+        broker.declare_queue(queue).await;
+    }
+    preload(broker, &q("in"), plan.backlog, plan.size).await;
+
+    let top = top_toml_at(&ctx.target.url, p, "nack", 10_000, ctx.prefetch);
+    let (toml, branches) = match plan.row {
+        Row::F1 => (match_all_toml(p, &top), vec![vec![q("service")]]),
+        _ => (
+            seed_toml(p, &top),
+            vec![
+                vec![q("service"), q("service.backup")],
+                vec![q("logging"), q("logging.backup")],
+            ],
+        ),
+    };
+    let primaries: Vec<String> = branches.iter().map(|b| b[0].clone()).collect();
+    let started = Instant::now();
+    let process = match &ctx.forwarder_cpus {
+        Some(cpus) => Process::spawn_pinned(p, &toml, cpus, &[], &[]),
+        None => Process::spawn(p, &toml),
+    };
+    let mut mover = Mover::Forwarder(process);
+    let window = watch(ctx, broker, plan, branches)
+        .measure(&mut mover, started)
+        .await;
+    let Mover::Forwarder(mut process) = mover else {
+        unreachable!("a forwarder row runs the forwarder")
+    };
+    let peak_rss_kib = Some(process.peak_rss_kib());
+
+    process.signal("TERM");
+    let code = process.wait_exit(STOP_TIMEOUT).await;
+    let mut notes = Vec::new();
+    if code != Some(0) {
+        notes.push(format!(
+            "the forwarder exited with {code:?}; log: {}",
+            process.log_path.display()
+        ));
+    }
+    let expected: Vec<(String, u64)> = outputs
+        .iter()
+        .map(|queue| {
+            let want = if primaries.contains(queue) {
+                plan.backlog
+            } else {
+                0
+            };
+            (queue.clone(), want)
+        })
+        .chain([(q("in"), 0), (q("dlq"), 0)])
+        .collect();
+    notes.extend(check(broker, &expected).await);
+    if notes.is_empty() {
+        process.remove_files();
+    }
+    Outcome {
+        plan: plan.clone(),
+        window,
+        peak_rss_kib,
+        notes,
+    }
+}
+
+async fn shovels(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
+    let p = &plan.prefix;
+    let q = |s: &str| format!("{p}.{s}");
+    let topology = Topology::of(plan.row, p);
+    for queue in &topology.queues {
+        broker.declare_queue(queue).await;
+    }
+    let definition = |src: &str, dest: serde_json::Value| {
+        let mut value = json!({
+            "src-protocol": "amqp091",
+            "src-uri": ctx.shovel_uri,
+            "src-queue": src,
+            "src-prefetch-count": ctx.prefetch,
+            "dest-protocol": "amqp091",
+            "dest-uri": ctx.shovel_uri,
+            "ack-mode": "on-confirm",
+        });
+        value
+            .as_object_mut()
+            .expect("an object")
+            .extend(dest.as_object().expect("an object").clone());
+        value
+    };
+    let (definitions, destinations) = match plan.row {
+        Row::S => (
+            vec![(
+                topology.shovels[0].clone(),
+                definition(&q("src"), json!({ "dest-queue": q("dst") })),
+            )],
+            vec![q("dst")],
+        ),
+        Row::S2 => {
+            let fanout = q("fanout");
+            broker.declare_exchange(&fanout, ExchangeKind::Fanout).await;
+            for dst in [q("dst1"), q("dst2")] {
+                broker.bind(&dst, &fanout, "").await;
+            }
+            let dest = json!({ "dest-exchange": fanout, "dest-exchange-key": "" });
+            (
+                vec![(topology.shovels[0].clone(), definition(&q("src"), dest))],
+                vec![q("dst1"), q("dst2")],
+            )
+        }
+        _ => (
+            (1..=2)
+                .map(|i| {
+                    let dest = json!({ "dest-queue": q(&format!("dst{i}")) });
+                    (
+                        topology.shovels[i - 1].clone(),
+                        definition(&q(&format!("src{i}")), dest),
+                    )
+                })
+                .collect(),
+            vec![q("dst1"), q("dst2")],
+        ),
+    };
+    let sources: Vec<String> = match plan.row {
+        Row::TwoS => vec![q("src1"), q("src2")],
+        _ => vec![q("src")],
+    };
+    for src in &sources {
+        preload(broker, src, plan.backlog, plan.size).await;
+    }
+
+    let started = Instant::now();
+    let target = ctx.target.clone();
+    let cli = tokio::spawn(async move { target.create_shovels(&definitions).await });
+    let mut mover = Mover::Shovels(Some(cli));
+    let groups = destinations.iter().map(|d| vec![d.clone()]).collect();
+    let window = watch(ctx, broker, plan, groups)
+        .measure(&mut mover, started)
+        .await;
+    if let Mover::Shovels(Some(cli)) = mover
+        && let Err(e) = cli.await
+    {
+        panic!("creating the shovels failed: {e}");
+    }
+    for shovel in &topology.shovels {
+        ctx.target.clear_shovel(shovel).await;
+    }
+    let expected: Vec<(String, u64)> = destinations
+        .iter()
+        .map(|d| (d.clone(), plan.backlog))
+        .chain(sources.iter().map(|s| (s.clone(), 0)))
+        .collect();
+    Outcome {
+        plan: plan.clone(),
+        window,
+        peak_rss_kib: None,
+        notes: check(broker, &expected).await,
+    }
+}
+
+/// Starts the seed scenario's forwarder on an empty inbound queue and waits
+/// until it consumes (for the latency run).
+pub async fn start_seed_forwarder(ctx: &Ctx, broker: &TestBroker, p: &str) -> Process {
+    declare_inbound(broker, p).await;
+    let top = top_toml_at(&ctx.target.url, p, "nack", 10_000, ctx.prefetch);
+    let process = Process::spawn(p, &seed_toml(p, &top));
+    wait_consumers(broker, &format!("{p}.in"), 1).await;
+    process
+}
