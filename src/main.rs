@@ -125,16 +125,17 @@ fn summary(path: &std::path::Path, settings: &Settings) -> String {
 
 /// The runtime every command runs on: threads whose stacks hold any header
 /// a frame can carry (re-executing the binary first if need be).
-fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+fn runtime(settings: &Settings) -> std::io::Result<tokio::runtime::Runtime> {
     ensure_thread_stack();
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_stack_size(THREAD_STACK)
-        .build()
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = settings.worker_threads {
+        builder.worker_threads(threads);
+    }
+    builder.enable_all().thread_stack_size(THREAD_STACK).build()
 }
 
 fn run(settings: Settings, options: switchyard::Options, format: LogFormat) -> ExitCode {
-    let runtime = match runtime() {
+    let runtime = match runtime(&settings) {
         Ok(rt) => rt,
         Err(e) => {
             report(format, &format!("cannot start the runtime: {e}"));
@@ -181,7 +182,7 @@ fn dlq(path: &std::path::Path, settings: Settings, command: cli::Dlq) -> ExitCod
         Ok(request) => request,
         Err(e) => return failed(&e),
     };
-    let runtime = match runtime() {
+    let runtime = match runtime(&settings) {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("switchyard: cannot start the runtime: {e}");

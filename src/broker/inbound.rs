@@ -209,7 +209,7 @@ impl InboundChannel {
 }
 
 /// Applies settlements in delivery order. Ends when every receipt and the
-/// session are gone.
+/// channel handle are gone.
 async fn settle_loop(channel: Channel, mut rx: mpsc::UnboundedReceiver<Settle>) {
     // Delivered and not yet acked or rejected: tag -> ready to ack.
     let mut outstanding: BTreeMap<u64, bool> = BTreeMap::new();

@@ -172,6 +172,7 @@ pub fn compile(raw: &RawConfig) -> Result<Settings> {
     Ok(Settings {
         name: raw.name.clone(),
         shutdown_timeout: Duration::from_millis(raw.shutdown_timeout_ms),
+        worker_threads: (raw.worker_threads > 0).then_some(usize::from(raw.worker_threads)),
         inbound: Inbound {
             broker: raw.inbound.broker.clone(),
             queue: raw.inbound.queue.clone(),

@@ -26,6 +26,8 @@ pub struct Settings {
     pub name: String,
     /// Bound on draining in-flight transactions at shutdown.
     pub shutdown_timeout: Duration,
+    /// Threads running the forwarder's tasks; `None` is one per CPU core.
+    pub worker_threads: Option<usize>,
     /// The inbound queue.
     pub inbound: Inbound,
     /// Where failed messages go.

@@ -18,6 +18,9 @@ pub struct RawConfig {
     /// How long SIGINT/SIGTERM waits for in-flight transactions, in milliseconds.
     #[serde(default = "default_shutdown_timeout_ms")]
     pub shutdown_timeout_ms: u64,
+    /// Threads that run the forwarder's tasks; 0 is one per CPU core.
+    #[serde(default = "default_worker_threads")]
+    pub worker_threads: u16,
     /// The queue work items are consumed from.
     pub inbound: RawInbound,
     /// Where messages go when they cannot be forwarded.
@@ -49,6 +52,10 @@ fn default_instance_name() -> String {
 
 fn default_shutdown_timeout_ms() -> u64 {
     10_000
+}
+
+fn default_worker_threads() -> u16 {
+    1
 }
 
 /// `[inbound]`

@@ -140,6 +140,18 @@ fn new_keys_are_read() {
 }
 
 #[test]
+fn one_worker_thread_unless_told_and_zero_is_one_per_core() {
+    let default = load_str(BASE, "test.toml").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(default.worker_threads, Some(1));
+    let per_core = load_str(&format!("worker_threads = 0\n{BASE}"), "test.toml")
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(per_core.worker_threads, None);
+    let four = load_str(&format!("worker_threads = 4\n{BASE}"), "test.toml")
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(four.worker_threads, Some(4));
+}
+
+#[test]
 fn sessions_are_compiled_when_enabled() {
     let toml = BASE.to_owned()
         + "\n[sessions]\nenabled = true\nid_header = \"conv\"\nmax_open = 19\n\

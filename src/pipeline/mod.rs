@@ -230,6 +230,12 @@ impl Forwarder {
                 }
             }
         }
+        if next.settings.worker_threads != current.settings.worker_threads {
+            self.telemetry.reload_needs_restart(
+                "worker_threads",
+                "the runtime keeps its threads until the next start",
+            );
+        }
         if next.settings.admin_listen != current.settings.admin_listen {
             self.telemetry
                 .reload_needs_restart("admin.listen", "the admin listener keeps its address");

@@ -148,6 +148,14 @@ impl Outcome {
     /// was lost; otherwise dead-letter: `rejected` when the broker refused
     /// the message itself, `exhausted` when lists ran out.
     pub fn verdict(&self) -> Verdict {
+        // The common case, decided without building the dead-letter lists.
+        if self
+            .branches
+            .iter()
+            .all(|b| matches!(b, BranchOutcome::Delivered { .. }))
+        {
+            return Verdict::Commit;
+        }
         let mut failed = Vec::new();
         let mut refused_by = Vec::new();
         let mut delivered = Vec::new();

@@ -60,7 +60,7 @@ impl Settler {
     }
 
     /// Settles one message; a dead-letter copy also carries `extra`
-    /// annotations (a session's id).
+    /// annotations.
     pub async fn settle_with(
         &self,
         envelope: &Arc<Envelope>,
@@ -68,56 +68,124 @@ impl Settler {
         verdict: Verdict,
         extra: Vec<(ShortString, AmqpValue)>,
     ) {
-        let message_id = envelope.message_id();
+        self.settle_set(vec![(envelope.clone(), receipt, verdict)], extra)
+            .await;
+    }
+
+    /// Settles a set of messages as one unit, in order; every dead-letter
+    /// copy carries `extra` annotations (a session's id). In `republish`
+    /// mode every copy is confirmed before any original is acked, so a crash
+    /// midway never leaves part of the set acked: the broker redelivers it
+    /// whole (and the copies already confirmed stay in the dead-letter queue
+    /// as duplicates).
+    pub async fn settle_set(
+        &self,
+        set: Vec<(Arc<Envelope>, Receipt, Verdict)>,
+        extra: Vec<(ShortString, AmqpValue)>,
+    ) {
         let telemetry = &self.telemetry;
-        let (reason, error, failed, refused_by, delivered) = match verdict {
-            Verdict::Commit => return receipt.ack(),
-            Verdict::Abandon => return telemetry.abandoned(message_id),
-            Verdict::DeadLetter {
-                reason,
-                error,
-                failed,
-                refused_by,
-                delivered,
-            } => (reason, one_line(&error), failed, refused_by, delivered),
-        };
-        let malformed = reason == Reason::Malformed;
-        let reason = reason.as_str();
-        match (&self.mode, &self.dead_letters) {
-            (DeadLetterMode::Republish, Some(publisher)) => {
-                let mut headers =
-                    annotations(reason, &error, &failed, &delivered, &self.source_queue);
-                headers.push((FAILED_ENDPOINTS.into(), text_array(&refused_by)));
-                headers.extend(extra);
-                // A dead letter is not a forward: it keeps the hops it came with.
-                headers.push((
-                    HOPS_HEADER.into(),
-                    AmqpValue::LongLongInt(i64::from(envelope.hops())),
-                ));
-                let copy = if malformed {
-                    Arc::new(without_deep_headers(envelope))
-                } else {
-                    envelope.clone()
-                };
-                if publish_dead_letter(publisher, &copy, headers, &receipt, reason, telemetry).await
-                {
-                    telemetry.dead_lettered(
-                        message_id,
-                        reason,
-                        &error,
-                        &failed,
-                        &delivered,
-                        "republish",
-                    );
+        let letters: Vec<(Arc<Envelope>, Receipt, Letter)> = set
+            .into_iter()
+            .filter_map(|(envelope, receipt, verdict)| match verdict {
+                Verdict::Commit => {
                     receipt.ack();
+                    None
                 }
+                Verdict::Abandon => {
+                    telemetry.abandoned(envelope.message_id());
+                    None
+                }
+                Verdict::DeadLetter {
+                    reason,
+                    error,
+                    failed,
+                    refused_by,
+                    delivered,
+                } => {
+                    let letter = Letter {
+                        reason,
+                        error: one_line(&error),
+                        failed,
+                        refused_by,
+                        delivered,
+                    };
+                    Some((envelope, receipt, letter))
+                }
+            })
+            .collect();
+        let republished = match (&self.mode, &self.dead_letters) {
+            (DeadLetterMode::Republish, Some(publisher)) => {
+                for (envelope, receipt, letter) in &letters {
+                    let (copy, headers) = self.copy(envelope, letter, &extra);
+                    let reason = letter.reason.as_str();
+                    if !publish_dead_letter(publisher, &copy, headers, receipt, reason, telemetry)
+                        .await
+                    {
+                        // The inbound channel is lost: the broker redelivers the set.
+                        return;
+                    }
+                }
+                true
             }
-            _ => {
-                telemetry.dead_lettered(message_id, reason, &error, &failed, &delivered, "nack");
+            _ => false,
+        };
+        let how = if republished { "republish" } else { "nack" };
+        for (envelope, receipt, l) in letters {
+            let reason = l.reason.as_str();
+            let id = envelope.message_id();
+            telemetry.dead_lettered(id, reason, &l.error, &l.failed, &l.delivered, how);
+            if republished {
+                receipt.ack();
+            } else {
                 receipt.reject(false);
             }
         }
     }
+
+    /// The annotated dead-letter copy of `envelope` and its headers.
+    fn copy(
+        &self,
+        envelope: &Arc<Envelope>,
+        letter: &Letter,
+        extra: &[(ShortString, AmqpValue)],
+    ) -> (Arc<Envelope>, Vec<(ShortString, AmqpValue)>) {
+        let Letter {
+            reason,
+            error,
+            failed,
+            refused_by,
+            delivered,
+        } = letter;
+        let mut headers = annotations(
+            reason.as_str(),
+            error,
+            failed,
+            delivered,
+            &self.source_queue,
+        );
+        headers.push((FAILED_ENDPOINTS.into(), text_array(refused_by)));
+        headers.extend(extra.iter().cloned());
+        // A dead letter is not a forward: it keeps the hops it came with.
+        headers.push((
+            HOPS_HEADER.into(),
+            AmqpValue::LongLongInt(i64::from(envelope.hops())),
+        ));
+        let copy = if *reason == Reason::Malformed {
+            Arc::new(without_deep_headers(envelope))
+        } else {
+            envelope.clone()
+        };
+        (copy, headers)
+    }
+}
+
+/// A dead-letter verdict's contents, its error on one line.
+struct Letter {
+    reason: Reason,
+    error: String,
+    failed: Vec<String>,
+    refused_by: Vec<String>,
+    delivered: Vec<String>,
 }
 
 /// Publishes the dead-letter copy until it is confirmed (`true`) or the

@@ -184,32 +184,48 @@ impl SessionTask {
             failure.failed.iter().cloned().unzip()
         };
         let whole = failure.failed.is_empty();
-        let settler = &self.generation.settler;
-        for (index, (envelope, receipt)) in set.envelopes.iter().zip(set.receipts).enumerate() {
-            let delivered = if whole {
-                Vec::new()
-            } else {
-                branches
-                    .iter()
-                    .filter(|b| index < b.delivered && !failed.iter().any(|f| *f == *b.plan.name))
-                    .map(|b| b.plan.name.to_string())
-                    .collect()
-            };
-            let verdict = Verdict::DeadLetter {
-                reason: failure.reason,
-                error: failure.error.clone(),
-                failed: failed.clone(),
-                refused_by: refused_by.clone(),
-                delivered,
-            };
-            let settled = settler.settle_with(envelope, receipt, verdict, annotation(&self.id));
-            tokio::select! {
-                biased;
-                () = self.sessions.abandon.cancelled() => return,
-                () = settled => {}
-            }
+        let Set {
+            envelopes,
+            receipts,
+            permits,
+            ..
+        } = set;
+        let letters = envelopes
+            .into_iter()
+            .zip(receipts)
+            .enumerate()
+            .map(|(index, (envelope, receipt))| {
+                let delivered = if whole {
+                    Vec::new()
+                } else {
+                    branches
+                        .iter()
+                        .filter(|b| {
+                            index < b.delivered && !failed.iter().any(|f| *f == *b.plan.name)
+                        })
+                        .map(|b| b.plan.name.to_string())
+                        .collect()
+                };
+                let verdict = Verdict::DeadLetter {
+                    reason: failure.reason,
+                    error: failure.error.clone(),
+                    failed: failed.clone(),
+                    refused_by: refused_by.clone(),
+                    delivered,
+                };
+                (envelope, receipt, verdict)
+            })
+            .collect();
+        let settled = self
+            .generation
+            .settler
+            .settle_set(letters, annotation(&self.id));
+        tokio::select! {
+            biased;
+            () = self.sessions.abandon.cancelled() => {}
+            () = settled => {}
         }
-        drop(set.permits);
+        drop(permits);
     }
 
     /// Settles messages that reached the session after it ended: as
