@@ -9,6 +9,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::Opts;
 use crate::rows::{self, Ctx, Outcome, Plan, Row, Topology};
+use crate::support::procfs;
 use crate::{latency, report};
 
 /// The body size of the main table.
@@ -185,9 +186,12 @@ pub async fn scale(opts: &Opts, ctx: &Arc<Ctx>, run_prefix: &str) -> Result<(), 
 
 /// Cores of other work above which a run's rate is called depressed.
 const BUSY: f64 = 0.5;
+/// A window shorter than this (seconds) holds few of /proc's clock ticks.
+const SHORT: f64 = 1.0;
 
 /// The runs whose after-run check found something, those whose window had
-/// to include start-up, and those that shared the machine with other work.
+/// to include start-up or was too short for CPU figures, and those that
+/// shared the machine with other work.
 fn notes(all: &[Outcome]) {
     for o in all {
         let run = format!(
@@ -202,6 +206,13 @@ fn notes(all: &[Outcome]) {
         if o.window.whole_run {
             println!(
                 "NOTE {run}: the copies landed before start-up ended; its window includes start-up"
+            );
+        }
+        if o.window.secs < SHORT {
+            println!(
+                "NOTE {run}: a window of {:.2} s: its CPU figures are coarse (CPU time counts in ticks of {:.0} ms)",
+                o.window.secs,
+                1000.0 / procfs::clock_ticks_per_sec()
             );
         }
         if let Some(others) = o.window.others_cores().filter(|c| *c > BUSY) {
