@@ -388,6 +388,8 @@ async fn forwarder(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
     notes.extend(check(broker, &expected).await);
     if notes.is_empty() {
         process.remove_files();
+    } else if code == Some(0) {
+        notes.push(format!("its log is kept: {}", process.log_path.display()));
     }
     Outcome {
         plan: plan.clone(),
