@@ -14,17 +14,11 @@ use lapin::options::ExchangeDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, ExchangeKind};
 use support::harness::{Process, seed_toml, top_toml, wait_consumers};
+use support::sessions::*;
 use support::{
-    BULK_TIMEOUT, DEFAULT_TIMEOUT, Message, TestBroker, amqp_str, amqp_url, delete_all_with_prefix,
+    BULK_TIMEOUT, DEFAULT_TIMEOUT, TestBroker, amqp_str, amqp_url, delete_all_with_prefix,
     field_table, ready_unacked, unique_prefix, wait_for, wait_until,
 };
-
-const ID: &str = "session-id";
-const END: &str = "session-end";
-const SEQ: &str = "seq";
-const REPLAY: &str = "x-switchyard-replay";
-
-type Outgoing = (Vec<u8>, BasicProperties);
 
 /// Message `seq` of session `id` (string id), with the end header `true` when `end`.
 fn session_message(id: &str, seq: u32, end: bool) -> Outgoing {
@@ -73,78 +67,12 @@ fn interleaved(
     (out, singles)
 }
 
-async fn publish_to(broker: &TestBroker, exchange: &str, key: &str, messages: &[Outgoing]) {
-    let batch = messages.iter().map(|(b, p)| (b.as_slice(), p.clone()));
-    broker.publish_each(exchange, key, batch).await;
-}
-
-fn session_of(m: &Message) -> Option<String> {
-    match m.header(ID)? {
-        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
-        AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
-        other => panic!("unexpected session id {other:?}"),
-    }
-    .filter(|s| !s.is_empty())
-}
-
-fn seq_of(m: &Message) -> u32 {
-    match m.header(SEQ) {
-        Some(AMQPValue::LongInt(n)) => *n as u32,
-        other => panic!("{SEQ} header: {other:?}"),
-    }
-}
-
-fn message_id(m: &Message) -> String {
-    m.properties
-        .message_id()
-        .as_ref()
-        .map(|s| s.to_string())
-        .unwrap_or_default()
-}
-
-/// Session messages grouped by session, in queue order.
-fn by_session(queue: &[Message]) -> BTreeMap<String, Vec<&Message>> {
-    let mut sessions: BTreeMap<String, Vec<&Message>> = BTreeMap::new();
-    for m in queue {
-        if let Some(id) = session_of(m) {
-            sessions.entry(id).or_default().push(m);
-        }
-    }
-    sessions
-}
-
-fn seqs(messages: &[&Message]) -> Vec<u32> {
-    messages.iter().map(|m| seq_of(m)).collect()
-}
-
-fn whole(n: u32) -> Vec<u32> {
-    (0..n).collect()
-}
-
 /// A session's copies on a branch after a crash and a second forwarding: a
 /// prefix `0..j` from before it (copies confirmed but never acked), then
 /// the whole session `0..n` in order. Returns `j`, the duplicates.
 fn prefix_then_whole(seqs: &[u32], n: u32) -> Option<usize> {
     let j = seqs.len().checked_sub(n as usize)?;
     (seqs[..j] == whole(j as u32)[..] && seqs[j..] == whole(n)[..]).then_some(j)
-}
-
-/// How often each independent message occurs in `queue`.
-fn independents(queue: &[Message]) -> BTreeMap<String, usize> {
-    let mut counts = BTreeMap::new();
-    for m in queue.iter().filter(|m| session_of(m).is_none()) {
-        *counts.entry(message_id(m)).or_insert(0) += 1;
-    }
-    counts
-}
-
-async fn wait_settled(queue: &str, timeout: Duration) {
-    wait_until(
-        &format!("{queue} has no ready and no unacked message"),
-        timeout,
-        || async move { ready_unacked(queue).await == Some((0, 0)) },
-    )
-    .await;
 }
 
 /// Waits until the broker has requeued everything a killed consumer held.

@@ -21,6 +21,7 @@ pub mod procfs;
 pub mod proxy;
 pub mod rabbitmqctl;
 pub mod raw;
+pub mod sessions;
 
 // Each test binary uses a different part of the kit.
 #[allow(unused_imports)]
