@@ -326,8 +326,41 @@ impl TestBroker {
         I: IntoIterator<Item = (B, BasicProperties)>,
         B: AsRef<[u8]>,
     {
-        self.publish_windowed(exchange, routing_key, messages, usize::MAX)
-            .await
+        let mut pending = Vec::new();
+        for (body, props) in messages {
+            let confirm = self
+                .channel
+                .basic_publish(
+                    exchange.into(),
+                    routing_key.into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..BasicPublishOptions::default()
+                    },
+                    body.as_ref(),
+                    props,
+                )
+                .await
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "publish #{} to {exchange:?}/{routing_key:?}: {e}",
+                        pending.len()
+                    )
+                });
+            pending.push(confirm);
+        }
+        let count = pending.len();
+        for (i, confirm) in pending.into_iter().enumerate() {
+            match confirm.await {
+                Ok(Confirmation::Ack(None)) => {}
+                Ok(Confirmation::Ack(Some(ret))) => {
+                    panic!("publish #{i} to {exchange:?}/{routing_key:?} was returned: {ret:?}")
+                }
+                Ok(other) => panic!("publish #{i} to {exchange:?}/{routing_key:?}: {other:?}"),
+                Err(e) => panic!("confirm #{i} to {exchange:?}/{routing_key:?}: {e}"),
+            }
+        }
+        count
     }
 
     /// [`Self::publish_each`] with at most `window` confirms outstanding:
