@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 use support::harness::{InProcess, endpoint_toml, one_branch_toml as one_branch};
 use support::{
     DEFAULT_TIMEOUT, FaultProxy, Message, TestBroker, amqp_addr, amqp_str, amqp_url,
-    close_connections_named, delete_all_with_prefix, rabbitmqctl, ready_unacked, unique_prefix,
-    wait_until,
+    broker_connections, close_connections_named, delete_all_with_prefix, rabbitmqctl,
+    ready_unacked, unique_prefix, wait_until,
 };
 
 fn on_main(p: &str, mode: &str) -> String {
@@ -304,18 +304,33 @@ async fn transactions_of_a_lost_inbound_channel_start_no_new_publishes() {
     let broker = TestBroker::connect(&p).await;
     let proxy = FaultProxy::start(amqp_addr()).await;
     let inbound = format!("{p}.in");
+    // No confirm timeout fires during the test: every step below waits on a
+    // state, however slow the machine, and the old transactions are still
+    // waiting for the stalled primary when their channel goes.
     let forwarder =
-        InProcess::start_consuming(&behind_proxy(&p, &proxy, 3000), &broker, &inbound).await;
+        InProcess::start_consuming(&behind_proxy(&p, &proxy, 600_000), &broker, &inbound).await;
     proxy.stall();
     publish_range(&broker, &inbound, 0..10).await;
     wait_until("all ten held", DEFAULT_TIMEOUT, || async {
         ready_unacked(&inbound).await == Some((0, 10))
     })
     .await;
-    // The consumer's connection goes away while the ten wait for the
-    // stalled primary: the broker redelivers them on the new channel, and
-    // the old transactions must not fail them over too.
-    assert_eq!(close_connections_named(&format!("{p}/consume")).await, 1);
+    let consume = format!("{p}/consume");
+    let old = consume_connections(&consume).await;
+    assert_eq!(old.len(), 1, "one consuming connection: {old:?}");
+    assert_eq!(close_connections_named(&consume).await, 1);
+    // A new consuming connection means the loss was noticed, and the old
+    // channel's receipts marked lost, before the redeliveries came.
+    wait_until("the consumer reopened", DEFAULT_TIMEOUT, || async {
+        let now = consume_connections(&consume).await;
+        !now.is_empty() && now.iter().all(|pid| !old.contains(pid))
+    })
+    .await;
+    // Now every publish to the primary fails at once, old and new: the
+    // redelivered messages fail over to the backup, and the old transactions,
+    // whose messages the broker has already handed out again, must not.
+    proxy.refuse(true);
+    proxy.cut();
     broker
         .await_count(&format!("{p}.backup"), 10, DEFAULT_TIMEOUT)
         .await;
@@ -330,9 +345,20 @@ async fn transactions_of_a_lost_inbound_channel_start_no_new_publishes() {
         backup.values().all(|n| *n == 1),
         "each message failed over once, by its redelivery only: {backup:?}"
     );
+    assert_eq!(broker.queue_len(&format!("{p}.primary")).await, 0);
     proxy.resume();
     drop(proxy);
     delete_all_with_prefix(&p).await;
+}
+
+/// Broker pids of the connections whose client-provided name contains `name`.
+async fn consume_connections(name: &str) -> Vec<String> {
+    broker_connections()
+        .await
+        .into_iter()
+        .filter(|c| c.name.as_deref().is_some_and(|n| n.contains(name)))
+        .map(|c| c.pid)
+        .collect()
 }
 
 #[tokio::test]
