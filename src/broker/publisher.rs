@@ -151,6 +151,8 @@ impl Publisher {
             alone_busy: None,
             waiting: HashMap::new(),
             returned: HashMap::new(),
+            batch: Vec::new(),
+            late: Vec::new(),
             rx,
             commands: commands.downgrade(),
             next_probe: None,
@@ -259,6 +261,9 @@ struct Actor {
     waiting: HashMap<u64, Waiter>,
     /// Returns seen for publishes whose own confirm is not in yet.
     returned: HashMap<u64, PublishFailure>,
+    /// Scratch buffers of [`Actor::harvest`].
+    batch: Vec<Confirmed>,
+    late: Vec<Confirmed>,
     rx: mpsc::UnboundedReceiver<Command>,
     /// For probe results; weak, so the task still ends with its last handle.
     commands: mpsc::WeakUnboundedSender<Command>,
@@ -536,28 +541,34 @@ impl Actor {
     /// decide the confirms collected before the fence. Those collected after
     /// it wait for the next fence.
     fn harvest(&mut self, first: Confirmed, in_flight: &mut FuturesUnordered<InFlight>) {
-        let mut batch = vec![first];
+        // Two buffers kept across calls: a batch is often hundreds of
+        // confirms, and growing fresh vectors showed in the profile.
+        let mut batch = std::mem::take(&mut self.batch);
+        let mut late = std::mem::take(&mut self.late);
+        batch.push(first);
         drain_ready(in_flight, &mut batch);
         loop {
             fence(&batch);
-            let mut late = Vec::new();
             drain_ready(in_flight, &mut late);
             for (id, _, result) in batch.iter_mut().chain(late.iter_mut()) {
                 if let Ok(Confirmation::Ack(returned) | Confirmation::Nack(returned)) = result {
                     self.attribute(returned.take(), *id);
                 }
             }
-            self.decide(batch);
+            self.decide(&mut batch);
             if late.is_empty() {
-                return;
+                break;
             }
-            batch = late;
+            std::mem::swap(&mut batch, &mut late);
         }
+        self.batch = batch;
+        self.late = late;
     }
 
     /// Sends each publisher its outcome; returns were attributed already.
-    fn decide(&mut self, batch: Vec<Confirmed>) {
-        for (id, _, result) in batch {
+    /// Leaves `batch` empty.
+    fn decide(&mut self, batch: &mut Vec<Confirmed>) {
+        for (id, _, result) in batch.drain(..) {
             let mut outcome = match (self.returned.remove(&id), result) {
                 (Some(returned), _) => Err(returned),
                 (None, Ok(Confirmation::Ack(_))) => Ok(()),
