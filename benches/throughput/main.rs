@@ -11,6 +11,7 @@
 #[path = "../../tests/support/mod.rs"]
 mod support;
 
+mod bare;
 mod latency;
 mod modes;
 mod report;
@@ -99,8 +100,22 @@ impl Opts {
     }
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    // B1's mover: this binary re-executed as the bare forwarder.
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some(bare::FLAG) {
+        return bare::main(&args[2..]);
+    }
+    match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime.block_on(benchmark()),
+        Err(e) => {
+            eprintln!("throughput: cannot start the runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn benchmark() -> ExitCode {
     let opts = Opts::parse();
     if !opts.bench {
         eprintln!("throughput: a benchmark; run it with `cargo bench --bench throughput`");
