@@ -11,6 +11,7 @@
 #[path = "../../tests/support/mod.rs"]
 mod support;
 
+mod bare;
 mod latency;
 mod modes;
 mod report;
@@ -45,7 +46,7 @@ pub struct Opts {
     /// The forwarder's inbound.prefetch and the shovels' src-prefetch-count.
     #[arg(long, default_value_t = 1000)]
     prefetch: u32,
-    /// The rows of the main table (S, F1, S2, 2S, F2) [default: all; S,F1,F2 with --split-cores].
+    /// The rows of the main table (S, B1, F1, S2, 2S, F2) [default: all; S,B1,F1,F2 with --split-cores].
     #[arg(long, value_delimiter = ',')]
     rows: Vec<Row>,
     /// Body sizes (bytes) for F1 and F2 CPU per copy; 1024 reuses the main table's runs.
@@ -88,7 +89,7 @@ impl Opts {
         match (self.rows.is_empty(), self.split_cores) {
             (false, _) => self.rows.clone(),
             (true, false) => Row::ALL.to_vec(),
-            (true, true) => vec![Row::S, Row::F1, Row::F2],
+            (true, true) => vec![Row::S, Row::B1, Row::F1, Row::F2],
         }
     }
 
@@ -99,8 +100,22 @@ impl Opts {
     }
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    // B1's mover: this binary re-executed as the bare forwarder.
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some(bare::FLAG) {
+        return bare::main(&args[2..]);
+    }
+    match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime.block_on(benchmark()),
+        Err(e) => {
+            eprintln!("throughput: cannot start the runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn benchmark() -> ExitCode {
     let opts = Opts::parse();
     if !opts.bench {
         eprintln!("throughput: a benchmark; run it with `cargo bench --bench throughput`");
@@ -182,7 +197,7 @@ async fn bench(opts: Opts, run_prefix: String) -> Result<(), String> {
     } else {
         Target::shared().await
     };
-    let shovel_note = if opts.split_cores || !rows.iter().any(|r| !r.is_forwarder()) {
+    let shovel_note = if opts.split_cores || !rows.iter().any(|r| r.is_shovel()) {
         None
     } else {
         Some(target.ensure_shovel().await)
@@ -285,6 +300,13 @@ async fn header(opts: &Opts, ctx: &Ctx, shovel_note: Option<String>) -> String {
             opts.rounds
         ),
     ];
+    if opts.rows().contains(&Row::B1) {
+        lines.push(
+            "- B1: this benchmark's binary re-executed as a bare lapin forwarder \
+             (benches/throughput/bare.rs), a process of its own"
+                .to_owned(),
+        );
+    }
     if let Some(note) = shovel_note {
         lines.push(format!("- shovel plugin: {note}"));
     }

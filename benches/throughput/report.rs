@@ -122,21 +122,27 @@ fn ratios(all: &[Outcome], size: usize, backlog: u64) -> String {
             .filter(|o| o.plan.row == row && o.plan.size == size && o.plan.backlog == backlog)
             .collect()
     };
-    let ratio = |a: Row,
-                 b: Row,
-                 f: &dyn Fn(&Outcome) -> Option<f64>,
-                 g: &dyn Fn(&Outcome) -> Option<f64>| {
+    // The median over the rounds of `combine(f(a's run), g(b's run))`.
+    let per_round = |a: Row,
+                     b: Row,
+                     f: &dyn Fn(&Outcome) -> Option<f64>,
+                     g: &dyn Fn(&Outcome) -> Option<f64>,
+                     combine: fn(f64, f64) -> f64| {
         let (a, b) = (runs(a), runs(b));
-        let per_round = a.iter().filter_map(|x| {
+        let values = a.iter().filter_map(|x| {
             let y = b.iter().find(|y| y.plan.round == x.plan.round)?;
-            Some(f(x)? / g(y)?)
+            Some(combine(f(x)?, g(y)?))
         });
-        median(per_round.collect())
+        median(values.collect())
+    };
+    let ratio = |a, b, f: &dyn Fn(&Outcome) -> Option<f64>, g: &dyn Fn(&Outcome) -> Option<f64>| {
+        per_round(a, b, f, g, |x, y| x / y)
     };
     let msgs = |o: &Outcome| Some(o.msgs_per_sec());
     let copies = |o: &Outcome| Some(o.copies_per_sec());
     let twice = |o: &Outcome| Some(2.0 * o.copies_per_sec());
     let total = |o: &Outcome| Some(o.forwarder_us().unwrap_or(0.0) + o.broker_us()?);
+    let forwarder = |o: &Outcome| o.forwarder_us();
     let mut out =
         String::from("| ratio (median of the per-round ratios) | value |\n| --- | ---: |\n");
     let mut line = |label: &str, value: Option<f64>| {
@@ -145,6 +151,8 @@ fn ratios(all: &[Outcome], size: usize, backlog: u64) -> String {
         }
     };
     line("F1 / S, msgs/s", ratio(Row::F1, Row::S, &msgs, &msgs));
+    line("F1 / B1, msgs/s", ratio(Row::F1, Row::B1, &msgs, &msgs));
+    line("B1 / S, msgs/s", ratio(Row::B1, Row::S, &msgs, &msgs));
     line(
         "F2 / S2, msgs/s (2 copies each)",
         ratio(Row::F2, Row::S2, &msgs, &msgs),
@@ -167,6 +175,10 @@ fn ratios(all: &[Outcome], size: usize, backlog: u64) -> String {
     line(
         "S2 / F2, total CPU per copy",
         ratio(Row::S2, Row::F2, &total, &total),
+    );
+    line(
+        "forwarder µs/copy F1 − B1 (switchyard's own work above the lapin floor; a difference, not a ratio)",
+        per_round(Row::F1, Row::B1, &forwarder, &forwarder, |x, y| x - y),
     );
     out
 }

@@ -11,6 +11,7 @@ use lapin::{BasicProperties, ExchangeKind};
 use serde_json::json;
 use tokio_util::task::AbortOnDropHandle;
 
+use crate::bare;
 use crate::support::TestBroker;
 use crate::support::harness::{
     Process, declare_inbound, match_all_toml, seed_toml, top_toml_at, wait_consumers,
@@ -28,6 +29,9 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 pub enum Row {
     /// One shovel, preloaded queue to one queue.
     S,
+    /// The bare lapin forwarder (`bare.rs`), queue to one queue: the floor
+    /// of client and broker under F1.
+    B1,
     /// The forwarder, one `match_all` branch to one queue.
     F1,
     /// One shovel into a fanout exchange bound to two queues.
@@ -40,11 +44,12 @@ pub enum Row {
 
 impl Row {
     /// Every row, in the order of the table.
-    pub const ALL: [Row; 5] = [Row::S, Row::F1, Row::S2, Row::TwoS, Row::F2];
+    pub const ALL: [Row; 6] = [Row::S, Row::B1, Row::F1, Row::S2, Row::TwoS, Row::F2];
 
     pub fn label(self) -> &'static str {
         match self {
             Row::S => "S",
+            Row::B1 => "B1",
             Row::F1 => "F1",
             Row::S2 => "S2",
             Row::TwoS => "2S",
@@ -55,6 +60,7 @@ impl Row {
     pub fn what(self) -> &'static str {
         match self {
             Row::S => "Shovel, queue → 1 queue",
+            Row::B1 => "lapin floor, 1 branch → 1 queue",
             Row::F1 => "switchyard, 1 branch → 1 queue",
             Row::S2 => "Shovel → fanout → 2 queues",
             Row::TwoS => "2 Shovels side by side",
@@ -65,13 +71,19 @@ impl Row {
     /// Copies landed per source message consumed.
     pub fn copies_per_msg(self) -> u64 {
         match self {
-            Row::S | Row::F1 | Row::TwoS => 1,
+            Row::S | Row::B1 | Row::F1 | Row::TwoS => 1,
             Row::S2 | Row::F2 => 2,
         }
     }
 
+    /// switchyard's rows (those of the body-size sweep).
     pub fn is_forwarder(self) -> bool {
         matches!(self, Row::F1 | Row::F2)
+    }
+
+    /// Rows moved by Shovel inside the broker; the others by a process of their own.
+    pub fn is_shovel(self) -> bool {
+        matches!(self, Row::S | Row::S2 | Row::TwoS)
     }
 }
 
@@ -82,7 +94,7 @@ impl FromStr for Row {
         Row::ALL
             .into_iter()
             .find(|r| r.label().eq_ignore_ascii_case(s.trim()))
-            .ok_or_else(|| format!("unknown row {s:?} (rows: S, F1, S2, 2S, F2)"))
+            .ok_or_else(|| format!("unknown row {s:?} (rows: S, B1, F1, S2, 2S, F2)"))
     }
 }
 
@@ -198,6 +210,11 @@ impl Topology {
                 shovels: vec![format!("{p}-shovel1"), format!("{p}-shovel2")],
                 ..Self::default()
             },
+            // F1's names; the bare forwarder declares nothing and dead-letters nothing.
+            Row::B1 => Self {
+                queues: vec![q("in"), q("service")],
+                ..Self::default()
+            },
             Row::F1 => Self {
                 queues: vec![q("in"), q("dlq"), q("service")],
                 exchanges: vec![q("dlx")],
@@ -252,10 +269,10 @@ pub async fn run(ctx: Arc<Ctx>, plan: Plan) -> Result<Outcome, String> {
 async fn run_plan(ctx: Arc<Ctx>, plan: Plan) -> Outcome {
     let p = &plan.prefix;
     let broker = ctx.target.connect(&format!("{p}-bench")).await;
-    let outcome = if plan.row.is_forwarder() {
-        forwarder(&ctx, &broker, &plan).await
-    } else {
+    let outcome = if plan.row.is_shovel() {
         shovels(&ctx, &broker, &plan).await
+    } else {
+        forwarder(&ctx, &broker, &plan).await
     };
     broker.close().await;
     outcome
@@ -319,13 +336,18 @@ async fn check(broker: &TestBroker, expected: &[(String, u64)]) -> Vec<String> {
     notes
 }
 
+/// A row moved by a process of its own: switchyard (F1, F2) or the bare
+/// forwarder (B1, from F1's inbound queue to F1's service queue).
 async fn forwarder(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
     let p = &plan.prefix;
     let q = |s: &str| format!("{p}.{s}");
+    // The same inbound queue for B1 as for F1 (its dead-letter arguments
+    // unused), so that the broker does the same work.
     declare_inbound(broker, p).await;
+    let queues = Topology::of(plan.row, p).queues;
+    let dead_letters = queues.contains(&q("dlq")).then(|| q("dlq"));
     // The endpoint queues: all but the inbound and the dead-letter queue.
-    let outputs: Vec<String> = Topology::of(plan.row, p)
-        .queues
+    let outputs: Vec<String> = queues
         .into_iter()
         .filter(|queue| *queue != q("in") && *queue != q("dlq"))
         .collect();
@@ -337,6 +359,7 @@ async fn forwarder(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
 
     let top = top_toml_at(&ctx.target.url, p, "nack", 10_000, ctx.prefetch);
     let (toml, branches) = match plan.row {
+        Row::B1 => (String::new(), vec![vec![q("service")]]),
         Row::F1 => (match_all_toml(p, &top), vec![vec![q("service")]]),
         _ => (
             seed_toml(p, &top),
@@ -348,13 +371,22 @@ async fn forwarder(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
     };
     let primaries: Vec<String> = branches.iter().map(|b| b[0].clone()).collect();
     let started = Instant::now();
-    let process = match &ctx.forwarder_cpus {
-        Some(cpus) => Process::spawn_pinned(p, &toml, cpus, &[], &[]),
-        None => Process::spawn(p, &toml),
+    let cpus = ctx.forwarder_cpus.as_deref();
+    let process = match (plan.row, cpus) {
+        (Row::B1, _) => bare::spawn(
+            p,
+            &ctx.target.url,
+            &q("in"),
+            &q("service"),
+            ctx.prefetch,
+            cpus,
+        ),
+        (_, Some(cpus)) => Process::spawn_pinned(p, &toml, cpus, &[], &[]),
+        (_, None) => Process::spawn(p, &toml),
     };
     let mut mover = Mover::Forwarder(process);
     let watch = Watch {
-        dead_letters: Some(q("dlq")),
+        dead_letters: dead_letters.clone(),
         inbound: Some(q("in")),
         ..watch(ctx, broker, plan, branches)
     };
@@ -383,7 +415,8 @@ async fn forwarder(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
             };
             (queue.clone(), want)
         })
-        .chain([(q("in"), 0), (q("dlq"), 0)])
+        .chain([(q("in"), 0)])
+        .chain(dead_letters.map(|dlq| (dlq, 0)))
         .collect();
     notes.extend(check(broker, &expected).await);
     if notes.is_empty() {

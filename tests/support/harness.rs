@@ -245,7 +245,8 @@ pub struct Process {
     child: Child,
     /// Where its log goes.
     pub log_path: std::path::PathBuf,
-    config_path: std::path::PathBuf,
+    /// The configuration file it was started on, if any.
+    config_path: Option<std::path::PathBuf>,
 }
 
 impl Process {
@@ -311,7 +312,40 @@ impl Process {
         Self {
             child,
             log_path,
-            config_path,
+            config_path: Some(config_path),
+        }
+    }
+
+    /// Another program (`program args...`) as a process of its own, with
+    /// the same handling as the forwarder's: stdout discarded, stderr in a
+    /// log named after `prefix`, confined to `cpus` when given (through
+    /// `taskset`, which execs it: the pid stays the program's).
+    pub fn spawn_program(
+        prefix: &str,
+        program: &std::path::Path,
+        args: &[&str],
+        cpus: Option<&str>,
+    ) -> Self {
+        let log_path = std::env::temp_dir().join(format!("{prefix}-{}.log", uuid_suffix()));
+        let log = std::fs::File::create(&log_path).unwrap_or_else(|e| panic!("create log: {e}"));
+        let mut command = match cpus {
+            Some(cpus) => {
+                let mut c = Command::new("taskset");
+                c.args(["-c", cpus]).arg(program);
+                c
+            }
+            None => Command::new(program),
+        };
+        let child = command
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", program.display()));
+        Self {
+            child,
+            log_path,
+            config_path: None,
         }
     }
 
@@ -344,7 +378,9 @@ impl Process {
     /// Removes the configuration and log files it was started with (a run
     /// that went well needs neither).
     pub fn remove_files(&self) {
-        let _ = std::fs::remove_file(&self.config_path);
+        if let Some(config_path) = &self.config_path {
+            let _ = std::fs::remove_file(config_path);
+        }
         let _ = std::fs::remove_file(&self.log_path);
     }
 
