@@ -3,9 +3,10 @@
 //! Deliveries become [`Envelope`]s with a [`Receipt`]. Receipts are settled
 //! through one task per channel that keeps delivery order: every ack it
 //! sends covers only settled messages, a run of settled messages at the head
-//! goes out as one `multiple` ack, and a slow message never holds back the
-//! acks of the messages behind it. A receipt dropped unsettled requeues its
-//! message, so nothing leaks a prefetch slot.
+//! goes out as one `multiple` ack, and a slow message holds back the acks
+//! of the messages behind it for no more than [`BEHIND_ACK_DELAY`]. A
+//! receipt dropped unsettled requeues its message, so nothing leaks a
+//! prefetch slot.
 
 use super::FieldTable;
 use super::connector::{ConnectError, Connector};
@@ -20,6 +21,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -208,14 +210,43 @@ impl InboundChannel {
     }
 }
 
+/// How long messages settled behind an unsettled one wait for it before
+/// they are acked one by one. Transactions end slightly out of delivery
+/// order all the time (the runtime runs the task it woke last first), and
+/// acking each of those at once made a quarter of all acks single ones:
+/// the broker handles one `multiple` ack far more cheaply than many single
+/// ones (measured in BENCHMARKS.md, "Acks"). A message that stays unsettled
+/// for longer, waiting for a slow confirm, holds the others back no longer
+/// than this.
+const BEHIND_ACK_DELAY: Duration = Duration::from_millis(20);
+
 /// Applies settlements in delivery order. Ends when every receipt and the
-/// channel handle are gone.
+/// channel handle are gone, after acking everything settled.
 async fn settle_loop(channel: Channel, mut rx: mpsc::UnboundedReceiver<Settle>) {
     // Delivered and not yet acked or rejected: tag -> ready to ack.
     let mut outstanding: BTreeMap<u64, bool> = BTreeMap::new();
     let mut failed = false;
     let mut batch = Vec::new();
-    while rx.recv_many(&mut batch, 4096).await > 0 {
+    // When the messages settled behind an unsettled one are acked singly.
+    let mut behind_due: Option<Instant> = None;
+    loop {
+        let behind = async {
+            match behind_due {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        let received = tokio::select! {
+            received = rx.recv_many(&mut batch, 4096) => received,
+            () = behind => {
+                behind_due = None;
+                ack_behind(&channel, &mut outstanding, &mut failed).await;
+                continue;
+            }
+        };
+        if received == 0 {
+            break;
+        }
         for settle in batch.drain(..) {
             match settle {
                 Settle::Track(tag) => {
@@ -250,20 +281,31 @@ async fn settle_loop(channel: Channel, mut rx: mpsc::UnboundedReceiver<Settle>) 
                     .await,
             );
         }
-        let behind: Vec<u64> = outstanding
-            .iter()
-            .filter(|(_, ready)| **ready)
-            .map(|(tag, _)| *tag)
-            .collect();
-        for tag in behind {
-            outstanding.remove(&tag);
-            report(
-                &mut failed,
-                channel
-                    .basic_ack(tag, BasicAckOptions { multiple: false })
-                    .await,
-            );
+        if !outstanding.values().any(|ready| *ready) {
+            behind_due = None;
+        } else if behind_due.is_none() {
+            behind_due = Some(Instant::now() + BEHIND_ACK_DELAY);
         }
+    }
+    ack_behind(&channel, &mut outstanding, &mut failed).await;
+}
+
+/// Acks, one by one, every settled message still waiting behind an
+/// unsettled one.
+async fn ack_behind(channel: &Channel, outstanding: &mut BTreeMap<u64, bool>, failed: &mut bool) {
+    let behind: Vec<u64> = outstanding
+        .iter()
+        .filter(|(_, ready)| **ready)
+        .map(|(tag, _)| *tag)
+        .collect();
+    for tag in behind {
+        outstanding.remove(&tag);
+        report(
+            failed,
+            channel
+                .basic_ack(tag, BasicAckOptions { multiple: false })
+                .await,
+        );
     }
 }
 
