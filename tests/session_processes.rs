@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 use lapin::options::ExchangeDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, ExchangeKind};
-use support::harness::{Process, seed_toml, top_toml, wait_consumers};
+use support::harness::{
+    Process, endpoint_toml, one_branch_toml, seed_toml, top_toml, wait_consumers,
+};
 use support::sessions::*;
 use support::{
     BULK_TIMEOUT, DEFAULT_TIMEOUT, TestBroker, amqp_str, amqp_url, delete_all_with_prefix,
@@ -110,10 +112,7 @@ fn seed_with_sessions(p: &str, name: &str, inbound_extra: &str, sessions_extra: 
             "prefetch = 1000\n",
             &format!("prefetch = 1000\n{inbound_extra}\n"),
         );
-    format!(
-        "{}\n[sessions]\nenabled = true\n{sessions_extra}\n",
-        seed_toml(p, &top)
-    )
+    seed_toml(p, &top) + &sessions_toml(sessions_extra)
 }
 
 /// Checks every session on the seed scenario's branches after a forwarder
@@ -501,35 +500,16 @@ async fn a_crash_while_a_session_is_dead_lettered_leaves_it_whole() {
         .await;
     broker.declare_exchange(&dlx, ExchangeKind::Direct).await;
     broker.bind(&dlq, &dlx, &dlq).await;
-    let toml = format!(
-        r#"{top}
-[endpoints.primary]
-broker = "main"
-routing_key = "{primary}"
-declare_queue = "{primary}"
-
-[endpoints.backup]
-broker = "main"
-routing_key = "{p}.missing"
-
-[backup_lists]
-backups = ["backup"]
-
-[filters.all]
-type = "match_all"
-
-[[filter_table]]
-name = "service"
-filter = "all"
-endpoint = "primary"
-backup_list = "backups"
-
-[sessions]
-enabled = true
-max_open = 4
-"#,
-        top = top_toml(&p, "republish", 5000, 500).replace(&format!("queue = \"{dlq}\"\n"), ""),
-    );
+    // The dead-letter queue is the test's own, limited; the forwarder must not declare it.
+    let toml = one_branch_toml(
+        &p,
+        "republish",
+        "",
+        &endpoint_toml("primary", "main", &primary, true, ""),
+        &endpoint_toml("backup", "main", &format!("{p}.missing"), false, ""),
+    )
+    .replace(&format!("queue = \"{dlq}\"\n"), "")
+        + &sessions_toml("max_open = 4");
 
     let mut first = Process::spawn(&p, &toml);
     wait_consumers(&broker, &inbound, 1).await;

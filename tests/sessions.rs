@@ -144,11 +144,6 @@ async fn wait_sessions_open(forwarder: &InProcess, n: u32) {
     .await;
 }
 
-/// A `[sessions]` table with `enabled = true` and `extra` keys.
-fn sessions_toml(extra: &str) -> String {
-    format!("\n[sessions]\nenabled = true\n{extra}\n")
-}
-
 // ---------------------------------------------------------------------------
 // 1. Failover mid-session
 

@@ -15,6 +15,11 @@ pub const END: &str = "session-end";
 pub const SEQ: &str = "seq";
 pub const REPLAY: &str = "x-switchyard-replay";
 
+/// A `[sessions]` section that turns sessions on, with `extra` keys.
+pub fn sessions_toml(extra: &str) -> String {
+    format!("\n[sessions]\nenabled = true\n{extra}\n")
+}
+
 /// One message to publish: body and properties.
 pub type Outgoing = (Vec<u8>, BasicProperties);
 
