@@ -223,8 +223,7 @@ const BEHIND_ACK_DELAY: Duration = Duration::from_millis(20);
 /// Applies settlements in delivery order. Ends when every receipt and the
 /// channel handle are gone, after acking everything settled.
 async fn settle_loop(channel: Channel, mut rx: mpsc::UnboundedReceiver<Settle>) {
-    // Delivered and not yet acked or rejected: tag -> ready to ack.
-    let mut outstanding: BTreeMap<u64, bool> = BTreeMap::new();
+    let mut outstanding = Outstanding::default();
     let mut failed = false;
     let mut batch = Vec::new();
     // When the messages settled behind an unsettled one are acked singly.
@@ -249,16 +248,10 @@ async fn settle_loop(channel: Channel, mut rx: mpsc::UnboundedReceiver<Settle>) 
         }
         for settle in batch.drain(..) {
             match settle {
-                Settle::Track(tag) => {
-                    outstanding.insert(tag, false);
-                }
-                Settle::Ack(tag) => {
-                    if let Some(ready) = outstanding.get_mut(&tag) {
-                        *ready = true;
-                    }
-                }
+                Settle::Track(tag) => outstanding.track(tag),
+                Settle::Ack(tag) => outstanding.settle(tag),
                 Settle::Reject { tag, requeue } => {
-                    outstanding.remove(&tag);
+                    outstanding.forget(tag);
                     let options = BasicNackOptions {
                         multiple: false,
                         requeue,
@@ -267,13 +260,7 @@ async fn settle_loop(channel: Channel, mut rx: mpsc::UnboundedReceiver<Settle>) 
                 }
             }
         }
-        let head = outstanding
-            .iter()
-            .take_while(|(_, ready)| **ready)
-            .map(|(tag, _)| *tag)
-            .last();
-        if let Some(last) = head {
-            outstanding.retain(|tag, _| *tag > last);
+        if let Some(last) = outstanding.take_head() {
             report(
                 &mut failed,
                 channel
@@ -281,7 +268,7 @@ async fn settle_loop(channel: Channel, mut rx: mpsc::UnboundedReceiver<Settle>) 
                     .await,
             );
         }
-        if !outstanding.values().any(|ready| *ready) {
+        if !outstanding.any_settled() {
             behind_due = None;
         } else if behind_due.is_none() {
             behind_due = Some(Instant::now() + BEHIND_ACK_DELAY);
@@ -292,20 +279,81 @@ async fn settle_loop(channel: Channel, mut rx: mpsc::UnboundedReceiver<Settle>) 
 
 /// Acks, one by one, every settled message still waiting behind an
 /// unsettled one.
-async fn ack_behind(channel: &Channel, outstanding: &mut BTreeMap<u64, bool>, failed: &mut bool) {
-    let behind: Vec<u64> = outstanding
-        .iter()
-        .filter(|(_, ready)| **ready)
-        .map(|(tag, _)| *tag)
-        .collect();
-    for tag in behind {
-        outstanding.remove(&tag);
+async fn ack_behind(channel: &Channel, outstanding: &mut Outstanding, failed: &mut bool) {
+    for tag in outstanding.take_settled() {
         report(
             failed,
             channel
                 .basic_ack(tag, BasicAckOptions { multiple: false })
                 .await,
         );
+    }
+}
+
+/// Delivered messages not yet acked or rejected, in delivery order, and
+/// which of them are settled (ready to ack). Taking the settled run at the
+/// head costs the length of that run, not of everything outstanding: the
+/// settle task does it once per wake-up, with up to `prefetch` outstanding.
+#[derive(Default)]
+struct Outstanding {
+    /// Delivery tag -> settled.
+    tags: BTreeMap<u64, bool>,
+    /// How many of `tags` are settled.
+    settled: usize,
+}
+
+impl Outstanding {
+    fn track(&mut self, tag: u64) {
+        self.tags.insert(tag, false);
+    }
+
+    fn settle(&mut self, tag: u64) {
+        if let Some(ready) = self.tags.get_mut(&tag)
+            && !*ready
+        {
+            *ready = true;
+            self.settled += 1;
+        }
+    }
+
+    fn forget(&mut self, tag: u64) {
+        if self.tags.remove(&tag) == Some(true) {
+            self.settled -= 1;
+        }
+    }
+
+    fn any_settled(&self) -> bool {
+        self.settled > 0
+    }
+
+    /// Removes the run of settled messages at the head; the last tag of it,
+    /// which one `multiple` ack covers.
+    fn take_head(&mut self) -> Option<u64> {
+        let (last, run) = self
+            .tags
+            .iter()
+            .take_while(|(_, ready)| **ready)
+            .fold((None, 0), |(_, run), (tag, _)| (Some(*tag), run + 1));
+        let last = last?;
+        self.tags = self.tags.split_off(&last);
+        self.tags.remove(&last);
+        self.settled -= run;
+        Some(last)
+    }
+
+    /// Removes every settled message, head or not; their tags in order.
+    fn take_settled(&mut self) -> Vec<u64> {
+        let settled: Vec<u64> = self
+            .tags
+            .iter()
+            .filter(|(_, ready)| **ready)
+            .map(|(tag, _)| *tag)
+            .collect();
+        for tag in &settled {
+            self.tags.remove(tag);
+        }
+        self.settled = 0;
+        settled
     }
 }
 
@@ -317,5 +365,39 @@ fn report(failed: &mut bool, result: lapin::Result<()>) {
     {
         *failed = true;
         tracing::warn!(error = %e, "inbound channel lost; unacked messages will be redelivered by the broker");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Outstanding;
+
+    #[test]
+    fn the_settled_head_goes_at_once_and_those_behind_an_unsettled_one_wait() {
+        let mut out = Outstanding::default();
+        for tag in 1..=5 {
+            out.track(tag);
+        }
+        out.settle(2);
+        out.settle(3);
+        assert_eq!(
+            out.take_head(),
+            None,
+            "1 is not settled: nothing at the head"
+        );
+        assert!(out.any_settled(), "2 and 3 wait behind 1");
+        out.settle(1);
+        out.settle(1);
+        assert_eq!(out.take_head(), Some(3), "one multiple ack covers 1 to 3");
+        assert!(!out.any_settled());
+        out.settle(5);
+        out.forget(4);
+        assert_eq!(out.take_head(), Some(5));
+        out.track(6);
+        out.track(7);
+        out.settle(7);
+        assert_eq!(out.take_settled(), vec![7], "past the wait: acked singly");
+        assert!(!out.any_settled());
+        assert_eq!(out.take_head(), None);
     }
 }
