@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 use support::harness::{InProcess, endpoint_toml, one_branch_toml as one_branch};
 use support::{
     DEFAULT_TIMEOUT, FaultProxy, Message, TestBroker, amqp_addr, amqp_str, amqp_url,
-    broker_connections, close_connections_named, delete_all_with_prefix, rabbitmqctl,
-    ready_unacked, unique_prefix, wait_until,
+    close_connections_named, connections_named, delete_all_with_prefix, rabbitmqctl, ready_unacked,
+    unique_prefix, wait_until,
 };
 
 fn on_main(p: &str, mode: &str) -> String {
@@ -226,6 +226,15 @@ async fn a_header_near_frame_max_is_rejected_in_nack_mode() {
 
 /// The primary behind a fault proxy (confirm timeout `timeout_ms`), the
 /// backup on the main broker.
+/// Broker pids of the connections whose client-provided name contains `name`.
+async fn connection_pids(name: &str) -> Vec<String> {
+    connections_named(name)
+        .await
+        .into_iter()
+        .map(|c| c.pid)
+        .collect()
+}
+
 fn behind_proxy(p: &str, proxy: &FaultProxy, timeout_ms: u64) -> String {
     one_branch(
         p,
@@ -316,13 +325,13 @@ async fn transactions_of_a_lost_inbound_channel_start_no_new_publishes() {
     })
     .await;
     let consume = format!("{p}/consume");
-    let old = consume_connections(&consume).await;
+    let old = connection_pids(&consume).await;
     assert_eq!(old.len(), 1, "one consuming connection: {old:?}");
     assert_eq!(close_connections_named(&consume).await, 1);
     // A new consuming connection means the loss was noticed, and the old
     // channel's receipts marked lost, before the redeliveries came.
     wait_until("the consumer reopened", DEFAULT_TIMEOUT, || async {
-        let now = consume_connections(&consume).await;
+        let now = connection_pids(&consume).await;
         !now.is_empty() && now.iter().all(|pid| !old.contains(pid))
     })
     .await;
@@ -349,16 +358,6 @@ async fn transactions_of_a_lost_inbound_channel_start_no_new_publishes() {
     proxy.resume();
     drop(proxy);
     delete_all_with_prefix(&p).await;
-}
-
-/// Broker pids of the connections whose client-provided name contains `name`.
-async fn consume_connections(name: &str) -> Vec<String> {
-    broker_connections()
-        .await
-        .into_iter()
-        .filter(|c| c.name.as_deref().is_some_and(|n| n.contains(name)))
-        .map(|c| c.pid)
-        .collect()
 }
 
 #[tokio::test]

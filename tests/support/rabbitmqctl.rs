@@ -160,16 +160,22 @@ pub async fn connection_names() -> Vec<String> {
         .collect()
 }
 
+/// The connections whose client-provided name contains `fragment`.
+pub async fn connections_named(fragment: &str) -> Vec<BrokerConnection> {
+    broker_connections()
+        .await
+        .into_iter()
+        .filter(|c| c.name.as_deref().is_some_and(|n| n.contains(fragment)))
+        .collect()
+}
+
 /// Closes (`rabbitmqctl close_connection`) every connection whose name contains `fragment`; returns how many.
 pub async fn close_connections_named(fragment: &str) -> usize {
-    let mut closed = 0;
-    for conn in broker_connections().await {
-        if conn.name.as_deref().is_some_and(|n| n.contains(fragment)) {
-            rabbitmqctl(&["close_connection", &conn.pid, "test fault"]).await;
-            closed += 1;
-        }
+    let named = connections_named(fragment).await;
+    for conn in &named {
+        rabbitmqctl(&["close_connection", &conn.pid, "test fault"]).await;
     }
-    closed
+    named.len()
 }
 
 /// Extracts `connection_name` from rabbitmqctl's Erlang-ish rendering of client_properties,
