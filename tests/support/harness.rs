@@ -281,49 +281,42 @@ impl Process {
         env: &[(&str, &str)],
         cpus: Option<&str>,
     ) -> Self {
-        let dir = std::env::temp_dir();
-        let config_path = dir.join(format!("{prefix}.toml"));
+        let config_path = std::env::temp_dir().join(format!("{prefix}.toml"));
         std::fs::write(&config_path, toml).unwrap_or_else(|e| panic!("write config: {e}"));
-        let log_path = dir.join(format!("{prefix}-{}.log", uuid_suffix()));
-        let log = std::fs::File::create(&log_path).unwrap_or_else(|e| panic!("create log: {e}"));
         let (global, local): (Vec<&str>, Vec<&str>) =
             args.iter().partition(|a| a.starts_with("--log-format"));
-        let binary = env!("CARGO_BIN_EXE_switchyard");
-        // taskset execs the binary: the pid stays the forwarder's.
-        let mut command = match cpus {
-            Some(cpus) => {
-                let mut c = Command::new("taskset");
-                c.args(["-c", cpus, binary]);
-                c
-            }
-            None => Command::new(binary),
-        };
-        let child = command
-            .args(global)
-            .args(["run", "--config"])
-            .arg(&config_path)
-            .args(local)
-            .env("RUST_LOG", "info")
-            .envs(env.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn switchyard: {e}"));
-        Self {
-            child,
-            log_path,
-            config_path: Some(config_path),
-        }
+        let config = config_path.display().to_string();
+        let mut argv = global;
+        argv.extend(["run", "--config", config.as_str()]);
+        argv.extend(local);
+        let mut env_with_log = vec![("RUST_LOG", "info")];
+        env_with_log.extend_from_slice(env);
+        let binary = std::path::Path::new(env!("CARGO_BIN_EXE_switchyard"));
+        let mut process = Self::start(prefix, binary, &argv, &env_with_log, cpus);
+        process.config_path = Some(config_path);
+        process
     }
 
     /// Another program (`program args...`) as a process of its own, with
     /// the same handling as the forwarder's: stdout discarded, stderr in a
-    /// log named after `prefix`, confined to `cpus` when given (through
-    /// `taskset`, which execs it: the pid stays the program's).
+    /// log named after `prefix`, confined to `cpus` when given.
     pub fn spawn_program(
         prefix: &str,
         program: &std::path::Path,
         args: &[&str],
+        cpus: Option<&str>,
+    ) -> Self {
+        Self::start(prefix, program, args, &[], cpus)
+    }
+
+    /// Starts `program args...` with `env` added (a later pair wins), stdout
+    /// discarded and stderr in a log named after `prefix`; through `taskset`
+    /// when `cpus` is given, which execs it, so the pid stays the program's.
+    fn start(
+        prefix: &str,
+        program: &std::path::Path,
+        args: &[&str],
+        env: &[(&str, &str)],
         cpus: Option<&str>,
     ) -> Self {
         let log_path = std::env::temp_dir().join(format!("{prefix}-{}.log", uuid_suffix()));
@@ -338,6 +331,7 @@ impl Process {
         };
         let child = command
             .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
