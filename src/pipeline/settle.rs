@@ -68,6 +68,10 @@ impl Settler {
         verdict: Verdict,
         extra: Vec<(ShortString, AmqpValue)>,
     ) {
+        // Nearly every message: acked without building a set.
+        if let Verdict::Commit = verdict {
+            return receipt.ack();
+        }
         self.settle_set(vec![(envelope.clone(), receipt, verdict)], extra)
             .await;
     }
