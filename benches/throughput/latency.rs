@@ -1,8 +1,10 @@
-//! L: the seed scenario at a steady rate below its maximum. Each message
-//! carries the time it was published (nanoseconds on this process's
-//! monotonic clock, in the first 8 bytes of the body); a consumer on the
-//! service queue takes the difference on arrival. The logging queue is
-//! drained too, so the broker holds no growing queue.
+//! L: the seed scenario at a steady rate below its maximum, and LS, the
+//! same traffic moved by a Shovel into a fanout exchange: the latency the
+//! broker and the machine give any mover. Each message carries the time it
+//! was published (nanoseconds on this process's monotonic clock, in the
+//! first 8 bytes of the body); a consumer on the service queue takes the
+//! difference on arrival. The logging queue is drained too, so the broker
+//! holds no growing queue.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,15 +16,50 @@ use lapin::types::FieldTable;
 use lapin::{BasicProperties, Confirmation};
 use tokio::sync::oneshot;
 
-use crate::rows::{Ctx, body, start_seed_forwarder};
+use crate::rows::{Ctx, Row, Topology, body, start_seed_forwarder, start_seed_shovel};
 use crate::support::TestBroker;
+use crate::support::harness::Process;
 
 /// How long the last messages may take to arrive after the last publish.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// What moves the messages from `{p}.in` to `{p}.service` and `{p}.logging`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Carrier {
+    /// L: switchyard on the seed scenario.
+    Switchyard,
+    /// LS: one Shovel into a fanout exchange bound to both queues.
+    Shovel,
+}
+
+impl Carrier {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Switchyard => "L",
+            Self::Shovel => "LS",
+        }
+    }
+
+    pub fn what(self) -> &'static str {
+        match self {
+            Self::Switchyard => "switchyard, seed scenario",
+            Self::Shovel => "Shovel → fanout → 2 queues",
+        }
+    }
+
+    /// The names a run with this carrier creates under `p`.
+    pub fn topology(self, p: &str) -> Topology {
+        match self {
+            Self::Switchyard => Topology::of(Row::F2, p),
+            Self::Shovel => Topology::of_seed_shovel(p),
+        }
+    }
+}
+
 /// What the latency run measured.
 #[derive(Debug, Clone)]
 pub struct Latency {
+    pub carrier: Carrier,
     /// The rate asked for, messages per second.
     pub rate: f64,
     /// The rate achieved by the publisher.
@@ -36,8 +73,10 @@ pub struct Latency {
     pub p50: f64,
     pub p99: f64,
     pub max: f64,
-    /// The forwarder's CPU over the run, in cores.
+    /// The forwarder's CPU over the run, in cores (none for a Shovel).
     pub forwarder_cores: Option<f64>,
+    /// The broker's CPU over the run, in cores.
+    pub broker_cores: Option<f64>,
 }
 
 /// A consumer in its own task that records (or just counts) arrivals.
@@ -97,12 +136,25 @@ impl Arrivals {
     }
 }
 
-/// Publishes `rate` messages per second for `secs` through the seed
-/// scenario (names under `p`) and measures their latency to the service queue.
-pub async fn run(ctx: Arc<Ctx>, p: String, rate: f64, secs: f64, size: usize) -> Latency {
+/// Publishes `rate` messages per second for `secs` through `carrier` (names
+/// under `p`) and measures their latency to the service queue.
+pub async fn run(
+    ctx: Arc<Ctx>,
+    carrier: Carrier,
+    p: String,
+    rate: f64,
+    secs: f64,
+    size: usize,
+) -> Latency {
     let size = size.max(8);
     let broker = ctx.target.connect(&format!("{p}-bench")).await;
-    let mut forwarder = start_seed_forwarder(&ctx, &broker, &p).await;
+    let mut forwarder = match carrier {
+        Carrier::Switchyard => Some(start_seed_forwarder(&ctx, &broker, &p).await),
+        Carrier::Shovel => {
+            start_seed_shovel(&ctx, &broker, &p).await;
+            None
+        }
+    };
     let consumers = ctx.target.connect(&format!("{p}-consumer")).await;
     let epoch = Instant::now();
     let service = Arrivals::start(&consumers, &format!("{p}.service"), Some(epoch)).await;
@@ -118,7 +170,8 @@ pub async fn run(ctx: Arc<Ctx>, p: String, rate: f64, secs: f64, size: usize) ->
         Ok(Confirmation::Ack(None)) => {}
         other => panic!("publish to {inbound}: {other:?}"),
     };
-    let ticks_before = forwarder.cpu_ticks();
+    let ticks_before = forwarder.as_ref().and_then(Process::cpu_ticks);
+    let broker_before = ctx.target.cpu_ticks();
     let started = Instant::now();
     let mut pending = FuturesUnordered::new();
     let mut sent = 0;
@@ -162,15 +215,22 @@ pub async fn run(ctx: Arc<Ctx>, p: String, rate: f64, secs: f64, size: usize) ->
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let elapsed = started.elapsed().as_secs_f64();
-    let forwarder_cores = match (ticks_before, forwarder.cpu_ticks()) {
+    let cores = |before: Option<u64>, after: Option<u64>| match (before, after) {
         (Some(a), Some(b)) => Some(b.saturating_sub(a) as f64 / ctx.clock_ticks / elapsed),
         _ => None,
     };
+    let forwarder_cores = cores(
+        ticks_before,
+        forwarder.as_ref().and_then(Process::cpu_ticks),
+    );
+    let broker_cores = cores(broker_before, ctx.target.cpu_ticks());
     let (received, mut latencies) = service.finish().await;
     let (logged, _) = logging.finish().await;
-    forwarder.signal("TERM");
-    forwarder.wait_exit(Duration::from_secs(30)).await;
-    forwarder.remove_files();
+    if let Some(forwarder) = forwarder.as_mut() {
+        forwarder.signal("TERM");
+        forwarder.wait_exit(Duration::from_secs(30)).await;
+        forwarder.remove_files();
+    }
     publisher.close().await;
     consumers.close().await;
     broker.close().await;
@@ -184,6 +244,7 @@ pub async fn run(ctx: Arc<Ctx>, p: String, rate: f64, secs: f64, size: usize) ->
         latencies[i] as f64 / 1e6
     };
     Latency {
+        carrier,
         rate,
         published_rate,
         secs,
@@ -194,5 +255,6 @@ pub async fn run(ctx: Arc<Ctx>, p: String, rate: f64, secs: f64, size: usize) ->
         p99: ms(0.99),
         max: ms(1.0),
         forwarder_cores,
+        broker_cores,
     }
 }

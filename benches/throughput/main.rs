@@ -46,7 +46,7 @@ pub struct Opts {
     /// The forwarder's inbound.prefetch and the shovels' src-prefetch-count.
     #[arg(long, default_value_t = 1000)]
     prefetch: u32,
-    /// The rows of the main table (S, B1, F1, S2, 2S, F2) [default: all; S,B1,F1,F2 with --split-cores].
+    /// The rows of the main table (S, B1, F1, S2, 2S, F2) [default: all; S,B1,F1,F2 with --split-cores; S,F2 with --scale].
     #[arg(long, value_delimiter = ',')]
     rows: Vec<Row>,
     /// Body sizes (bytes) for F1 and F2 CPU per copy; 1024 reuses the main table's runs.
@@ -55,7 +55,7 @@ pub struct Opts {
     /// Caps backlog × body size (MiB) for large bodies: 256 MiB is 4096 bodies of 64 KiB.
     #[arg(long, default_value_t = 256)]
     max_backlog_mib: u64,
-    /// Seconds of the latency run (L); 0 skips it.
+    /// Seconds of each latency run (LS, then L); 0 skips them.
     #[arg(long, default_value_t = 30.0)]
     latency_secs: f64,
     /// Messages per second of the latency run [default: half of F2's msgs/s].
@@ -70,7 +70,7 @@ pub struct Opts {
     /// Run on a private node pinned to CPU 0, the forwarder pinned to CPU 1.
     #[arg(long)]
     split_cores: bool,
-    /// F2 at --backlog and at --scale-backlog instead of the default run.
+    /// The rows (S and F2 unless --rows) at --backlog and at --scale-backlog instead of the default run.
     #[arg(long)]
     scale: bool,
     /// The larger backlog of --scale.
@@ -86,10 +86,13 @@ pub struct Opts {
 
 impl Opts {
     fn rows(&self) -> Vec<Row> {
-        match (self.rows.is_empty(), self.split_cores) {
-            (false, _) => self.rows.clone(),
-            (true, false) => Row::ALL.to_vec(),
-            (true, true) => vec![Row::S, Row::B1, Row::F1, Row::F2],
+        if !self.rows.is_empty() {
+            return self.rows.clone();
+        }
+        match (self.scale, self.split_cores) {
+            (true, _) => vec![Row::S, Row::F2],
+            (false, false) => Row::ALL.to_vec(),
+            (false, true) => vec![Row::S, Row::B1, Row::F1, Row::F2],
         }
     }
 
@@ -197,7 +200,10 @@ async fn bench(opts: Opts, run_prefix: String) -> Result<(), String> {
     } else {
         Target::shared().await
     };
-    let shovel_note = if opts.split_cores || !rows.iter().any(|r| r.is_shovel()) {
+    // The default run's latency baseline (LS) is a Shovel too.
+    let latency_shovel = !opts.scale && opts.latency_secs > 0.0;
+    let shovel_note = if opts.split_cores || !(latency_shovel || rows.iter().any(|r| r.is_shovel()))
+    {
         None
     } else {
         Some(target.ensure_shovel().await)
@@ -216,7 +222,7 @@ async fn bench(opts: Opts, run_prefix: String) -> Result<(), String> {
     println!("{}", header(&opts, &ctx, shovel_note).await);
 
     let result = if opts.scale {
-        modes::scale(&opts, &ctx, &run_prefix).await
+        modes::scale(&opts, &ctx, &run_prefix, &rows).await
     } else if opts.split_cores {
         modes::split(&opts, &ctx, &run_prefix, &rows).await
     } else {

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::Opts;
-use crate::rows::{self, Ctx, Outcome, Plan, Row, Topology};
+use crate::latency::Carrier;
+use crate::rows::{self, Ctx, Outcome, Plan, Row};
 use crate::support::procfs;
 use crate::{latency, report};
 
@@ -90,25 +91,35 @@ pub async fn default_run(
         opts.latency_rate.or(f2.map(|r| r / 2.0)),
     ) {
         (true, Some(rate)) => {
-            eprintln!("latency: {rate:.0} msgs/s for {} s ...", opts.latency_secs);
-            let p = format!("{run_prefix}-latency");
-            let topology = Topology::of(Row::F2, &p);
-            let task = AbortOnDropHandle::new(tokio::spawn(latency::run(
-                ctx.clone(),
-                p.clone(),
-                rate,
-                opts.latency_secs,
-                MAIN_SIZE,
-            )));
-            let result = task.await;
-            topology.remove(&ctx.target, &p).await;
-            Some(result.map_err(|e| format!("latency run failed: {e}"))?)
+            let mut runs = Vec::new();
+            // The Shovel baseline first, then switchyard, at the same rate.
+            for carrier in [Carrier::Shovel, Carrier::Switchyard] {
+                eprintln!(
+                    "latency {}: {rate:.0} msgs/s for {} s ...",
+                    carrier.label(),
+                    opts.latency_secs
+                );
+                let p = format!("{run_prefix}-latency-{}", carrier.label().to_lowercase());
+                let topology = carrier.topology(&p);
+                let task = AbortOnDropHandle::new(tokio::spawn(latency::run(
+                    ctx.clone(),
+                    carrier,
+                    p.clone(),
+                    rate,
+                    opts.latency_secs,
+                    MAIN_SIZE,
+                )));
+                let result = task.await;
+                topology.remove(&ctx.target, &p).await;
+                runs.push(result.map_err(|e| format!("latency run failed: {e}"))?);
+            }
+            runs
         }
         (true, None) => {
             eprintln!("latency: skipped (no F2 rate; give --latency-rate)");
-            None
+            Vec::new()
         }
-        _ => None,
+        _ => Vec::new(),
     };
 
     println!(
@@ -129,9 +140,9 @@ pub async fn default_run(
         println!("## Memory\n");
         println!("{}", report::memory(&all, &memory, opts.prefetch));
     }
-    if let Some(l) = latency {
-        println!("## Latency (L): seed scenario, publish to arrival on the service queue\n");
-        println!("{}", report::latency(&l));
+    if !latency.is_empty() {
+        println!("## Latency: publish to arrival on the service queue\n");
+        println!("{}", report::latency(&latency));
     }
     notes(&all);
     Ok(())
@@ -160,26 +171,36 @@ pub async fn split(
     Ok(())
 }
 
-pub async fn scale(opts: &Opts, ctx: &Arc<Ctx>, run_prefix: &str) -> Result<(), String> {
+pub async fn scale(
+    opts: &Opts,
+    ctx: &Arc<Ctx>,
+    run_prefix: &str,
+    rows: &[Row],
+) -> Result<(), String> {
     let mut all = Vec::new();
     let backlogs = [opts.backlog, opts.scale_backlog];
     for round in 1..=opts.rounds {
-        let mut order = backlogs.to_vec();
+        let mut order: Vec<(Row, u64)> = rows
+            .iter()
+            .flat_map(|&row| backlogs.iter().map(move |&backlog| (row, backlog)))
+            .collect();
         if round % 2 == 0 {
             order.reverse();
         }
         let runs = order
             .into_iter()
-            .map(|backlog| plan(run_prefix, round, Row::F2, MAIN_SIZE, backlog))
+            .map(|(row, backlog)| plan(run_prefix, round, row, MAIN_SIZE, backlog))
             .collect();
         run_all(ctx, runs, &mut all).await?;
     }
+    let labels: Vec<&str> = rows.iter().map(|r| r.label()).collect();
     println!(
-        "\n## Scale: F2 by backlog, {} bodies, medians of {} round(s)\n",
+        "\n## Scale: {} by backlog, {} bodies, medians of {} round(s)\n",
+        labels.join(" and "),
         report::size_label(MAIN_SIZE),
         opts.rounds
     );
-    println!("{}", report::scale(&all, MAIN_SIZE, &backlogs));
+    println!("{}", report::scale(&all, rows, MAIN_SIZE, &backlogs));
     notes(&all);
     Ok(())
 }

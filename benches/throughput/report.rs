@@ -230,58 +230,76 @@ pub fn memory(all: &[Outcome], cases: &[(usize, u64)], prefetch: u32) -> String 
     out
 }
 
-pub fn latency(l: &Latency) -> String {
-    format!(
-        "| rate asked | rate published | seconds | sent | arrived (service / logging) | \
-         p50 | p99 | max | forwarder CPU |\n\
-         | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n\
-         | {:.0}/s | {:.0}/s | {:.0} | {} | {} / {} | {:.2} ms | {:.2} ms | {:.2} ms | {} cores |\n",
-        l.rate,
-        l.published_rate,
-        l.secs,
-        l.sent,
-        l.received,
-        l.logged,
-        l.p50,
-        l.p99,
-        l.max,
-        num(l.forwarder_cores, 2),
-    )
-}
-
-/// F2 at two backlogs.
-pub fn scale(all: &[Outcome], size: usize, backlogs: &[u64]) -> String {
+pub fn latency(runs: &[Latency]) -> String {
     let mut out = String::from(
-        "| backlog | msgs/s | copies/s | spread | forwarder µs/copy | broker µs/copy | \
-         forwarder peak RSS (MiB) | others (cores) |\n\
-         | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+        "| row | what | rate asked | rate published | seconds | sent | \
+         arrived (service / logging) | p50 | p99 | max | forwarder CPU | broker CPU |\n\
+         | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
     );
-    let mut rates = Vec::new();
-    for &backlog in backlogs {
-        let Some(s) = stats(all, Row::F2, size, backlog) else {
-            continue;
-        };
-        rates.push(s.msgs);
-        let _ = writeln!(
-            out,
-            "| {backlog} | {:.0} | {:.0} | {:.0}% | {} | {} | {} | {} |",
-            s.msgs,
-            s.copies,
-            s.spread,
-            num(s.forwarder_us, 1),
-            num(s.broker_us, 1),
-            num(s.peak_rss_mib, 1),
-            num(s.others, 2)
+    for l in runs {
+        out += &format!(
+            "| {} | {} | {:.0}/s | {:.0}/s | {:.0} | {} | {} / {} | {:.2} ms | {:.2} ms | \
+             {:.2} ms | {} cores | {} cores |\n",
+            l.carrier.label(),
+            l.carrier.what(),
+            l.rate,
+            l.published_rate,
+            l.secs,
+            l.sent,
+            l.received,
+            l.logged,
+            l.p50,
+            l.p99,
+            l.max,
+            num(l.forwarder_cores, 2),
+            num(l.broker_cores, 2),
         );
     }
-    if let [small, large] = rates[..] {
-        let _ = writeln!(
-            out,
-            "\nF2 msgs/s at {} / at {}: {:.2}",
-            backlogs[1],
-            backlogs[0],
-            large / small
-        );
+    out
+}
+
+/// Each of `rows` at two backlogs, and each row's ratio of the two rates.
+pub fn scale(all: &[Outcome], rows: &[Row], size: usize, backlogs: &[u64]) -> String {
+    let mut out = String::from(
+        "| row | backlog | msgs/s | copies/s | spread | forwarder µs/copy | broker µs/copy | \
+         forwarder peak RSS (MiB) | others (cores) |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+    );
+    let mut ratios = String::new();
+    for &row in rows {
+        let mut rates = Vec::new();
+        for &backlog in backlogs {
+            let Some(s) = stats(all, row, size, backlog) else {
+                continue;
+            };
+            rates.push(s.msgs);
+            let _ = writeln!(
+                out,
+                "| {} | {backlog} | {:.0} | {:.0} | {:.0}% | {} | {} | {} | {} |",
+                row.label(),
+                s.msgs,
+                s.copies,
+                s.spread,
+                num(s.forwarder_us, 1),
+                num(s.broker_us, 1),
+                num(s.peak_rss_mib, 1),
+                num(s.others, 2)
+            );
+        }
+        if let [small, large] = rates[..] {
+            let _ = writeln!(
+                ratios,
+                "{} msgs/s at {} / at {}: {:.2}",
+                row.label(),
+                backlogs[1],
+                backlogs[0],
+                large / small
+            );
+        }
+    }
+    if !ratios.is_empty() {
+        out += "\n";
+        out += &ratios;
     }
     out
 }

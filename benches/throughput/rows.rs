@@ -235,6 +235,16 @@ impl Topology {
         }
     }
 
+    /// What [`start_seed_shovel`] creates.
+    pub fn of_seed_shovel(p: &str) -> Self {
+        let q = |s: &str| format!("{p}.{s}");
+        Self {
+            queues: vec![q("in"), q("service"), q("logging")],
+            exchanges: vec![q("fanout")],
+            shovels: vec![format!("{p}-shovel")],
+        }
+    }
+
     /// Removes it all: shovels first, then queues and exchanges.
     pub async fn remove(&self, target: &Target, p: &str) {
         for shovel in &self.shovels {
@@ -439,22 +449,7 @@ async fn shovels(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
     for queue in &topology.queues {
         broker.declare_queue(queue).await;
     }
-    let definition = |src: &str, dest: serde_json::Value| {
-        let mut value = json!({
-            "src-protocol": "amqp091",
-            "src-uri": ctx.shovel_uri,
-            "src-queue": src,
-            "src-prefetch-count": ctx.prefetch,
-            "dest-protocol": "amqp091",
-            "dest-uri": ctx.shovel_uri,
-            "ack-mode": "on-confirm",
-        });
-        value
-            .as_object_mut()
-            .expect("an object")
-            .extend(dest.as_object().expect("an object").clone());
-        value
-    };
+    let definition = |src: &str, dest: serde_json::Value| shovel_definition(ctx, src, dest);
     let (definitions, destinations) = match plan.row {
         Row::S => (
             vec![(
@@ -523,6 +518,47 @@ async fn shovels(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
         peak_rss_kib: None,
         notes: check(broker, &expected).await,
     }
+}
+
+/// A shovel from queue `src` to `dest` (its `dest-*` keys), on-confirm.
+fn shovel_definition(ctx: &Ctx, src: &str, dest: serde_json::Value) -> serde_json::Value {
+    let mut value = json!({
+        "src-protocol": "amqp091",
+        "src-uri": ctx.shovel_uri,
+        "src-queue": src,
+        "src-prefetch-count": ctx.prefetch,
+        "dest-protocol": "amqp091",
+        "dest-uri": ctx.shovel_uri,
+        "ack-mode": "on-confirm",
+    });
+    value
+        .as_object_mut()
+        .expect("an object")
+        .extend(dest.as_object().expect("an object").clone());
+    value
+}
+
+/// The latency baseline: S2's shape on the seed scenario's names. A shovel
+/// moves `{p}.in` into a fanout exchange bound to `{p}.service` and
+/// `{p}.logging`; returns once it consumes. [`Topology::of_seed_shovel`]
+/// names what it creates.
+pub async fn start_seed_shovel(ctx: &Ctx, broker: &TestBroker, p: &str) {
+    let q = |s: &str| format!("{p}.{s}");
+    let topology = Topology::of_seed_shovel(p);
+    for queue in &topology.queues {
+        broker.declare_queue(queue).await;
+    }
+    let fanout = q("fanout");
+    broker.declare_exchange(&fanout, ExchangeKind::Fanout).await;
+    for queue in [q("service"), q("logging")] {
+        broker.bind(&queue, &fanout, "").await;
+    }
+    let dest = json!({ "dest-exchange": fanout, "dest-exchange-key": "" });
+    let definition = shovel_definition(ctx, &q("in"), dest);
+    ctx.target
+        .create_shovels(&[(topology.shovels[0].clone(), definition)])
+        .await;
+    wait_consumers(broker, &q("in"), 1).await;
 }
 
 /// Starts the seed scenario's forwarder on an empty inbound queue and waits
