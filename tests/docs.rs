@@ -19,6 +19,7 @@ const MARKDOWN: &[&str] = &[
     "docs/guarantees.md",
     "docker/README.md",
     "bench/README.md",
+    "BENCHMARKS.md",
 ];
 
 fn root() -> PathBuf {
