@@ -6,6 +6,11 @@
 //! with [`FLAG`], on a current-thread tokio runtime, with one connection
 //! for consuming and one for publishing (as switchyard does).
 //!
+//! Row B1H runs it with [`HEADERS`]: each copy then also carries the two
+//! headers switchyard adds to every copy (`x-switchyard-hops` and
+//! `x-switchyard-publish-id`, both long long integers), so that the rows
+//! say what those headers cost apart from everything else switchyard does.
+//!
 //! It is not a forwarder: no filters, no branches, no failover or backup,
 //! no dead letters, no per-destination outcome, no reconnects, no timeouts,
 //! no logs on the way. A nack, a return or any error ends it with a message
@@ -22,37 +27,52 @@ use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
     ConfirmSelectOptions,
 };
-use lapin::types::FieldTable;
-use lapin::{Confirmation, Connection, ConnectionProperties, PublisherConfirm};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties, PublisherConfirm};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::support::harness::Process;
 
-/// `<benchmark binary> --bare-forward <amqp-url> <source> <dest> <prefetch>`
+/// `<benchmark binary> --bare-forward <amqp-url> <source> <dest> <prefetch> <plain|headers>`
 /// runs the bare forwarder instead of the benchmark.
 pub const FLAG: &str = "--bare-forward";
+/// The last argument for copies with switchyard's headers (row B1H).
+pub const HEADERS: &str = "headers";
+const PLAIN: &str = "plain";
 
 /// Starts the bare forwarder from `source` to `dest` as a process of its
-/// own (confined to `cpus` when given), its stderr in a log named after `prefix`.
+/// own (confined to `cpus` when given), its stderr in a log named after
+/// `prefix`; with `headers`, each copy carries switchyard's two headers.
 pub fn spawn(
     prefix: &str,
     url: &str,
-    source: &str,
-    dest: &str,
+    (source, dest): (&str, &str),
     prefetch: u32,
+    headers: bool,
     cpus: Option<&str>,
 ) -> Process {
     let exe = std::env::current_exe().unwrap_or_else(|e| panic!("current_exe: {e}"));
     let prefetch = prefetch.to_string();
-    let args = [FLAG, url, source, dest, prefetch.as_str()];
+    let kind = if headers { HEADERS } else { PLAIN };
+    let args = [FLAG, url, source, dest, prefetch.as_str(), kind];
     Process::spawn_program(prefix, Path::new(&exe), &args, cpus)
 }
 
 /// The bare forwarder's `main`: `args` are those after [`FLAG`].
 pub fn main(args: &[String]) -> ExitCode {
-    let [url, source, dest, prefetch] = args else {
-        eprintln!("usage: {FLAG} <amqp-url> <source queue> <dest queue> <prefetch>");
+    let [url, source, dest, prefetch, kind] = args else {
+        eprintln!(
+            "usage: {FLAG} <amqp-url> <source queue> <dest queue> <prefetch> <plain|headers>"
+        );
         return ExitCode::from(2);
+    };
+    let headers = match kind.as_str() {
+        HEADERS => true,
+        PLAIN => false,
+        other => {
+            eprintln!("{FLAG}: {other:?} is neither {PLAIN} nor {HEADERS}");
+            return ExitCode::from(2);
+        }
     };
     let Ok(prefetch) = prefetch.parse::<u16>() else {
         eprintln!("{FLAG}: prefetch {prefetch:?} is not a number up to 65535");
@@ -62,7 +82,7 @@ pub fn main(args: &[String]) -> ExitCode {
         .enable_all()
         .build();
     let result = match runtime {
-        Ok(rt) => rt.block_on(forward(url, source, dest, prefetch)),
+        Ok(rt) => rt.block_on(forward(url, source, dest, prefetch, headers)),
         Err(e) => Err(format!("runtime: {e}")),
     };
     match result {
@@ -76,7 +96,13 @@ pub fn main(args: &[String]) -> ExitCode {
 
 /// Moves `source` into `dest` until SIGTERM; then settles what is in
 /// flight and closes (deliveries not yet published go back to `source`).
-async fn forward(url: &str, source: &str, dest: &str, prefetch: u16) -> Result<(), String> {
+async fn forward(
+    url: &str,
+    source: &str,
+    dest: &str,
+    prefetch: u16,
+    headers: bool,
+) -> Result<(), String> {
     let err = |what: &'static str| move |e: lapin::Error| format!("{what}: {e}");
     let mut term = signal(SignalKind::terminate()).map_err(|e| format!("SIGTERM: {e}"))?;
     let connect = |side: &str| {
@@ -122,8 +148,13 @@ async fn forward(url: &str, source: &str, dest: &str, prefetch: u16) -> Result<(
                 let delivery = delivery
                     .ok_or("the broker cancelled the consumer")?
                     .map_err(err("delivery"))?;
+                let properties = if headers {
+                    with_switchyard_headers(delivery.properties, delivery.delivery_tag)
+                } else {
+                    delivery.properties
+                };
                 let confirm = publishing
-                    .basic_publish("".into(), dest.into(), mandatory, &delivery.data, delivery.properties)
+                    .basic_publish("".into(), dest.into(), mandatory, &delivery.data, properties)
                     .await
                     .map_err(err("basic.publish"))?;
                 pending.push_back((delivery.delivery_tag, confirm));
@@ -160,6 +191,18 @@ async fn forward(url: &str, source: &str, dest: &str, prefetch: u16) -> Result<(
         .close(200, "done".into())
         .await
         .map_err(err("close"))
+}
+
+/// `properties` with the two headers switchyard adds to every copy, as it
+/// encodes them (the publish id here is the delivery tag).
+fn with_switchyard_headers(properties: BasicProperties, tag: u64) -> BasicProperties {
+    let mut headers = properties.headers().clone().unwrap_or_default();
+    headers.insert("x-switchyard-hops".into(), AMQPValue::LongLongInt(1));
+    headers.insert(
+        "x-switchyard-publish-id".into(),
+        AMQPValue::LongLongInt(i64::try_from(tag).unwrap_or(i64::MAX)),
+    );
+    properties.with_headers(headers)
 }
 
 /// A confirm that is an ack of a message that was not returned.

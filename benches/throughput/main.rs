@@ -46,7 +46,7 @@ pub struct Opts {
     /// The forwarder's inbound.prefetch and the shovels' src-prefetch-count.
     #[arg(long, default_value_t = 1000)]
     prefetch: u32,
-    /// The rows of the main table (S, B1, F1, S2, 2S, F2) [default: all; S,B1,F1,F2 with --split-cores; S,F2 with --scale].
+    /// The rows of the main table (S, B1, B1H, F1, S2, 2S, F2) [default: all but B1H; S,B1,F1,F2 with --split-cores; S,F2 with --scale].
     #[arg(long, value_delimiter = ',')]
     rows: Vec<Row>,
     /// Body sizes (bytes) for F1 and F2 CPU per copy; 1024 reuses the main table's runs.
@@ -91,7 +91,7 @@ impl Opts {
         }
         match (self.scale, self.split_cores) {
             (true, _) => vec![Row::S, Row::F2],
-            (false, false) => Row::ALL.to_vec(),
+            (false, false) => Row::DEFAULT.to_vec(),
             (false, true) => vec![Row::S, Row::B1, Row::F1, Row::F2],
         }
     }
@@ -306,9 +306,9 @@ async fn header(opts: &Opts, ctx: &Ctx, shovel_note: Option<String>) -> String {
             opts.rounds
         ),
     ];
-    if opts.rows().contains(&Row::B1) {
+    if opts.rows().iter().any(|r| matches!(r, Row::B1 | Row::B1H)) {
         lines.push(
-            "- B1: this benchmark's binary re-executed as a bare lapin forwarder \
+            "- B1, B1H: this benchmark's binary re-executed as a bare lapin forwarder \
              (benches/throughput/bare.rs), a process of its own"
                 .to_owned(),
         );

@@ -153,6 +153,8 @@ fn ratios(all: &[Outcome], size: usize, backlog: u64) -> String {
     line("F1 / S, msgs/s", ratio(Row::F1, Row::S, &msgs, &msgs));
     line("F1 / B1, msgs/s", ratio(Row::F1, Row::B1, &msgs, &msgs));
     line("B1 / S, msgs/s", ratio(Row::B1, Row::S, &msgs, &msgs));
+    line("F1 / B1H, msgs/s", ratio(Row::F1, Row::B1H, &msgs, &msgs));
+    line("B1H / B1, msgs/s", ratio(Row::B1H, Row::B1, &msgs, &msgs));
     line(
         "F2 / S2, msgs/s (2 copies each)",
         ratio(Row::F2, Row::S2, &msgs, &msgs),
@@ -179,6 +181,15 @@ fn ratios(all: &[Outcome], size: usize, backlog: u64) -> String {
     line(
         "forwarder µs/copy F1 − B1 (switchyard's own work above the lapin floor; a difference, not a ratio)",
         per_round(Row::F1, Row::B1, &forwarder, &forwarder, |x, y| x - y),
+    );
+    let broker = |o: &Outcome| o.broker_us();
+    line(
+        "broker µs/copy F1 − B1 (what switchyard's traffic costs the broker above the floor's)",
+        per_round(Row::F1, Row::B1, &broker, &broker, |x, y| x - y),
+    );
+    line(
+        "broker µs/copy F1 − B1H (the same, the headers carried by both)",
+        per_round(Row::F1, Row::B1H, &broker, &broker, |x, y| x - y),
     );
     out
 }

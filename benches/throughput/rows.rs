@@ -32,6 +32,9 @@ pub enum Row {
     /// The bare lapin forwarder (`bare.rs`), queue to one queue: the floor
     /// of client and broker under F1.
     B1,
+    /// B1 adding to each copy the two headers switchyard adds (hops and
+    /// publish id): what carrying them costs the broker and the client.
+    B1H,
     /// The forwarder, one `match_all` branch to one queue.
     F1,
     /// One shovel into a fanout exchange bound to two queues.
@@ -43,13 +46,24 @@ pub enum Row {
 }
 
 impl Row {
+    /// The default run's rows, in the order of the table.
+    pub const DEFAULT: [Row; 6] = [Row::S, Row::B1, Row::F1, Row::S2, Row::TwoS, Row::F2];
     /// Every row, in the order of the table.
-    pub const ALL: [Row; 6] = [Row::S, Row::B1, Row::F1, Row::S2, Row::TwoS, Row::F2];
+    pub const ALL: [Row; 7] = [
+        Row::S,
+        Row::B1,
+        Row::B1H,
+        Row::F1,
+        Row::S2,
+        Row::TwoS,
+        Row::F2,
+    ];
 
     pub fn label(self) -> &'static str {
         match self {
             Row::S => "S",
             Row::B1 => "B1",
+            Row::B1H => "B1H",
             Row::F1 => "F1",
             Row::S2 => "S2",
             Row::TwoS => "2S",
@@ -61,6 +75,7 @@ impl Row {
         match self {
             Row::S => "Shovel, queue → 1 queue",
             Row::B1 => "lapin floor, 1 branch → 1 queue",
+            Row::B1H => "lapin floor + switchyard's 2 headers",
             Row::F1 => "switchyard, 1 branch → 1 queue",
             Row::S2 => "Shovel → fanout → 2 queues",
             Row::TwoS => "2 Shovels side by side",
@@ -71,7 +86,7 @@ impl Row {
     /// Copies landed per source message consumed.
     pub fn copies_per_msg(self) -> u64 {
         match self {
-            Row::S | Row::B1 | Row::F1 | Row::TwoS => 1,
+            Row::S | Row::B1 | Row::B1H | Row::F1 | Row::TwoS => 1,
             Row::S2 | Row::F2 => 2,
         }
     }
@@ -94,7 +109,7 @@ impl FromStr for Row {
         Row::ALL
             .into_iter()
             .find(|r| r.label().eq_ignore_ascii_case(s.trim()))
-            .ok_or_else(|| format!("unknown row {s:?} (rows: S, B1, F1, S2, 2S, F2)"))
+            .ok_or_else(|| format!("unknown row {s:?} (rows: S, B1, B1H, F1, S2, 2S, F2)"))
     }
 }
 
@@ -211,7 +226,7 @@ impl Topology {
                 ..Self::default()
             },
             // F1's names; the bare forwarder declares nothing and dead-letters nothing.
-            Row::B1 => Self {
+            Row::B1 | Row::B1H => Self {
                 queues: vec![q("in"), q("service")],
                 ..Self::default()
             },
@@ -369,7 +384,7 @@ async fn forwarder(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
 
     let top = top_toml_at(&ctx.target.url, p, "nack", 10_000, ctx.prefetch);
     let (toml, branches) = match plan.row {
-        Row::B1 => (String::new(), vec![vec![q("service")]]),
+        Row::B1 | Row::B1H => (String::new(), vec![vec![q("service")]]),
         Row::F1 => (match_all_toml(p, &top), vec![vec![q("service")]]),
         _ => (
             seed_toml(p, &top),
@@ -383,12 +398,12 @@ async fn forwarder(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
     let started = Instant::now();
     let cpus = ctx.forwarder_cpus.as_deref();
     let process = match (plan.row, cpus) {
-        (Row::B1, _) => bare::spawn(
+        (Row::B1 | Row::B1H, _) => bare::spawn(
             p,
             &ctx.target.url,
-            &q("in"),
-            &q("service"),
+            (&q("in"), &q("service")),
             ctx.prefetch,
+            plan.row == Row::B1H,
             cpus,
         ),
         (_, Some(cpus)) => Process::spawn_pinned(p, &toml, cpus, &[], &[]),
