@@ -13,9 +13,7 @@ use std::time::{Duration, Instant};
 use lapin::options::ExchangeDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, ExchangeKind};
-use support::harness::{
-    Process, endpoint_toml, one_branch_toml, seed_toml, top_toml, wait_consumers,
-};
+use support::harness::{Process, seed_toml, top_toml, wait_consumers};
 use support::sessions::*;
 use support::{
     BULK_TIMEOUT, DEFAULT_TIMEOUT, TestBroker, amqp_str, amqp_url, delete_all_with_prefix,
@@ -501,14 +499,7 @@ async fn a_crash_while_a_session_is_dead_lettered_leaves_it_whole() {
     broker.declare_exchange(&dlx, ExchangeKind::Direct).await;
     broker.bind(&dlq, &dlx, &dlq).await;
     // The dead-letter queue is the test's own, limited; the forwarder must not declare it.
-    let toml = one_branch_toml(
-        &p,
-        "republish",
-        "",
-        &endpoint_toml("primary", "main", &primary, true, ""),
-        &endpoint_toml("backup", "main", &format!("{p}.missing"), false, ""),
-    )
-    .replace(&format!("queue = \"{dlq}\"\n"), "")
+    let toml = session_branch_toml(&p, false).replace(&format!("queue = \"{dlq}\"\n"), "")
         + &sessions_toml("max_open = 4");
 
     let mut first = Process::spawn(&p, &toml);

@@ -15,9 +15,7 @@ use std::time::{Duration, Instant};
 
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable};
-use support::harness::{
-    InProcess, Process, endpoint_toml, one_branch_toml, seed_toml, top_toml, wait_consumers,
-};
+use support::harness::{InProcess, Process, endpoint_toml, seed_toml, top_toml, wait_consumers};
 use support::sessions::*;
 use support::{
     BULK_TIMEOUT, DEFAULT_TIMEOUT, Message, Metrics, TestBroker, array_names,
@@ -427,13 +425,7 @@ async fn an_exhausted_branch_dead_letters_the_whole_session_in_order() {
     let primary = format!("{p}.primary");
     let dlq = format!("{p}.dlq");
     // The backup's queue never exists: once the primary is gone, the list is exhausted.
-    let toml = one_branch_toml(
-        &p,
-        "republish",
-        "",
-        &endpoint_toml("primary", "main", &primary, true, ""),
-        &endpoint_toml("backup", "main", &format!("{p}.missing"), false, ""),
-    ) + &sessions_toml("max_open = 4");
+    let toml = session_branch_toml(&p, false) + &sessions_toml("max_open = 4");
     let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
 
     let x = Session::named("order-77");
@@ -495,14 +487,8 @@ async fn a_refused_message_dead_letters_its_whole_session_with_the_screens_reaso
     let inbound = format!("{p}.in");
     let primary = format!("{p}.primary");
     let dlq = format!("{p}.dlq");
-    let toml = one_branch_toml(
-        &p,
-        "republish",
-        "",
-        &endpoint_toml("primary", "main", &primary, true, ""),
-        &endpoint_toml("backup", "main", &format!("{p}.backup"), true, ""),
-    )
-    .replace("prefetch = 500", "prefetch = 500\nmax_hops = 3")
+    let toml = session_branch_toml(&p, true)
+        .replace("prefetch = 500", "prefetch = 500\nmax_hops = 3")
         + &sessions_toml("max_open = 4");
     let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
 
@@ -552,15 +538,10 @@ async fn idle_oversized_and_late_messages_are_dead_lettered_with_their_reason() 
     let inbound = format!("{p}.in");
     let service = format!("{p}.primary");
     let dlq = format!("{p}.dlq");
-    let toml = one_branch_toml(
-        &p,
-        "republish",
-        "",
-        &endpoint_toml("primary", "main", &service, true, ""),
-        &endpoint_toml("backup", "main", &format!("{p}.backup"), true, ""),
-    ) + &sessions_toml(&format!(
-        "idle_timeout_ms = {IDLE_MS}\nmax_messages = 5\nmax_bytes = {MAX_BYTES}"
-    ));
+    let toml = session_branch_toml(&p, true)
+        + &sessions_toml(&format!(
+            "idle_timeout_ms = {IDLE_MS}\nmax_messages = 5\nmax_bytes = {MAX_BYTES}"
+        ));
     let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
 
     // Idle: three messages and no end. They are forwarded, then after the
@@ -665,13 +646,7 @@ async fn a_new_session_waits_for_a_free_slot_while_other_traffic_flows() {
     let broker = TestBroker::connect(&p).await;
     let inbound = format!("{p}.in");
     let service = format!("{p}.primary");
-    let toml = one_branch_toml(
-        &p,
-        "republish",
-        "",
-        &endpoint_toml("primary", "main", &service, true, ""),
-        &endpoint_toml("backup", "main", &format!("{p}.backup"), true, ""),
-    ) + &sessions_toml("max_open = 2");
+    let toml = session_branch_toml(&p, true) + &sessions_toml("max_open = 2");
     let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
     let (a, b, c) = (
         Session::named("a"),
@@ -747,14 +722,7 @@ async fn memory_stays_bounded_with_every_session_slot_full_of_large_messages() {
     let broker = TestBroker::connect(&p).await;
     let inbound = format!("{p}.in");
     let service = format!("{p}.primary");
-    let toml = one_branch_toml(
-        &p,
-        "republish",
-        "",
-        &endpoint_toml("primary", "main", &service, true, ""),
-        &endpoint_toml("backup", "main", &format!("{p}.backup"), true, ""),
-    )
-    .replace("prefetch = 500", "prefetch = 1100")
+    let toml = session_branch_toml(&p, true).replace("prefetch = 500", "prefetch = 1100")
         + &sessions_toml(&format!(
             "max_open = {MAX_OPEN}\nmax_messages = 64\nmax_bytes = {MAX_BYTES}"
         ));

@@ -2,6 +2,7 @@
 //! and a sequence number, reading them back grouped by session, and waiting
 //! until an inbound queue has settled everything.
 
+use super::harness::{endpoint_toml, one_branch_toml};
 use super::{Message, TestBroker, ready_unacked, wait_until};
 use lapin::BasicProperties;
 use lapin::types::AMQPValue;
@@ -18,6 +19,21 @@ pub const REPLAY: &str = "x-switchyard-replay";
 /// A `[sessions]` section that turns sessions on, with `extra` keys.
 pub fn sessions_toml(extra: &str) -> String {
     format!("\n[sessions]\nenabled = true\n{extra}\n")
+}
+
+/// The sessions tests' forwarder without its `[sessions]` section: one
+/// branch in republish mode to endpoint `primary` (queue `{p}.primary`),
+/// then the backup list `["backup"]`, whose queue is `{p}.backup`; with
+/// `backup_exists = false` it is `{p}.missing`, never declared, so the list
+/// is exhausted once the primary fails.
+pub fn session_branch_toml(p: &str, backup_exists: bool) -> String {
+    let backup = if backup_exists {
+        endpoint_toml("backup", "main", &format!("{p}.backup"), true, "")
+    } else {
+        endpoint_toml("backup", "main", &format!("{p}.missing"), false, "")
+    };
+    let primary = endpoint_toml("primary", "main", &format!("{p}.primary"), true, "");
+    one_branch_toml(p, "republish", "", &primary, &backup)
 }
 
 /// One message to publish: body and properties.
