@@ -200,8 +200,11 @@ async fn bench(opts: Opts, run_prefix: String) -> Result<(), String> {
     } else {
         Target::shared().await
     };
-    // The default run's latency baseline (LS) is a Shovel too.
-    let latency_shovel = !opts.scale && opts.latency_secs > 0.0;
+    // The default run's latency baseline (LS) is a Shovel too; it runs at a
+    // rate given or at half of F2's.
+    let latency_shovel = !opts.scale
+        && opts.latency_secs > 0.0
+        && (opts.latency_rate.is_some() || rows.contains(&Row::F2));
     let shovel_note = if opts.split_cores || !(latency_shovel || rows.iter().any(|r| r.is_shovel()))
     {
         None
