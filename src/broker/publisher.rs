@@ -230,8 +230,16 @@ impl Publisher {
     }
 }
 
+/// A channel as the actor holds it. Every publish keeps a handle to the
+/// channel it went out on (for the fence in [`Actor::harvest`]). Cloning a
+/// lapin `Channel` bumps some fifteen reference counts that its I/O thread
+/// also touches; one `Arc` per publish instead took 2–3% of the forwarder's
+/// instructions per message off the seed scenario (BENCHMARKS.md,
+/// "Instructions per message").
+type SharedChannel = Arc<Channel>;
+
 /// One publish's confirm: its id, the channel it went out on, the result.
-type Confirmed = (u64, Channel, lapin::Result<Confirmation>);
+type Confirmed = (u64, SharedChannel, lapin::Result<Confirmation>);
 type InFlight = Pin<Box<dyn Future<Output = Confirmed> + Send>>;
 
 struct Waiter {
@@ -249,11 +257,11 @@ struct Actor {
     routing_key: ShortString,
     connector: Arc<Connector>,
     health: Arc<EndpointHealth>,
-    channel: Option<Channel>,
+    channel: Option<SharedChannel>,
     /// Bumped each time a new main channel is opened.
     generation: u64,
     /// Where suspects are published, one at a time.
-    alone_channel: Option<Channel>,
+    alone_channel: Option<SharedChannel>,
     alone_queue: VecDeque<Request>,
     /// The publish id of the suspect in flight.
     alone_busy: Option<u64>,
@@ -340,6 +348,7 @@ impl Actor {
                     .await
                 {
                     Ok(c) => {
+                        let c = Arc::new(c);
                         self.alone_channel = Some(c.clone());
                         c
                     }
@@ -358,7 +367,7 @@ impl Actor {
     /// Puts one publish on the wire (or refuses it) and tracks its confirm.
     fn send(
         &mut self,
-        channel: Channel,
+        channel: SharedChannel,
         generation: u64,
         mut request: Request,
         in_flight: &mut FuturesUnordered<InFlight>,
@@ -381,13 +390,12 @@ impl Actor {
         }
         let (exchange, routing_key) = (self.exchange.clone(), self.routing_key.clone());
         let envelope = request.envelope;
-        let publishing = channel.clone();
         let mut publish: InFlight = Box::pin(async move {
             let options = BasicPublishOptions {
                 mandatory: true,
                 immediate: false,
             };
-            let result = match publishing
+            let result = match channel
                 .basic_publish(exchange, routing_key, options, &envelope.body, properties)
                 .await
             {
@@ -415,17 +423,18 @@ impl Actor {
         }
     }
 
-    async fn live_channel(&mut self) -> Result<Channel, ConnectError> {
+    async fn live_channel(&mut self) -> Result<SharedChannel, ConnectError> {
         if let Some(channel) = &self.channel {
             if channel.status().connected() {
                 return Ok(channel.clone());
             }
             self.channel = None;
         }
-        let channel = self
-            .connector
-            .channel(true, self.endpoint.confirm_timeout)
-            .await?;
+        let channel = Arc::new(
+            self.connector
+                .channel(true, self.endpoint.confirm_timeout)
+                .await?,
+        );
         self.generation += 1;
         self.channel = Some(channel.clone());
         Ok(channel)
