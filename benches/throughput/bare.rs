@@ -31,7 +31,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties, PublisherConfirm};
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::support::harness::Process;
+use crate::support::harness::{Process, Wrap};
 
 /// `<benchmark binary> --bare-forward <amqp-url> <source> <dest> <prefetch> <plain|headers>`
 /// runs the bare forwarder instead of the benchmark.
@@ -41,7 +41,7 @@ pub const HEADERS: &str = "headers";
 const PLAIN: &str = "plain";
 
 /// Starts the bare forwarder from `source` to `dest` as a process of its
-/// own (confined to `cpus` when given), its stderr in a log named after
+/// own (started through `wrap`), its stderr in a log named after
 /// `prefix`; with `headers`, each copy carries switchyard's two headers.
 pub fn spawn(
     prefix: &str,
@@ -49,13 +49,13 @@ pub fn spawn(
     (source, dest): (&str, &str),
     prefetch: u32,
     headers: bool,
-    cpus: Option<&str>,
+    wrap: Wrap<'_>,
 ) -> Process {
     let exe = std::env::current_exe().unwrap_or_else(|e| panic!("current_exe: {e}"));
     let prefetch = prefetch.to_string();
     let kind = if headers { HEADERS } else { PLAIN };
     let args = [FLAG, url, source, dest, prefetch.as_str(), kind];
-    Process::spawn_program(prefix, Path::new(&exe), &args, cpus)
+    Process::spawn_program(prefix, Path::new(&exe), &args, &[], wrap)
 }
 
 /// The bare forwarder's `main`: `args` are those after [`FLAG`].

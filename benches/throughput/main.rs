@@ -12,6 +12,7 @@
 mod support;
 
 mod bare;
+mod instructions;
 mod latency;
 mod modes;
 mod report;
@@ -76,6 +77,12 @@ pub struct Opts {
     /// The larger backlog of --scale.
     #[arg(long, default_value_t = 1_000_000)]
     scale_backlog: u64,
+    /// Count instructions per message under valgrind's callgrind (rows B1, F1 and F2 unless --rows) instead of the default run.
+    #[arg(long, conflicts_with_all = ["scale", "split_cores"])]
+    instructions: bool,
+    /// The larger backlog of --instructions; the smaller is a quarter of it.
+    #[arg(long, default_value_t = 4000)]
+    instructions_backlog: u64,
     /// A run whose counts do not move for this many seconds fails.
     #[arg(long, default_value_t = 60)]
     stall_secs: u64,
@@ -88,6 +95,9 @@ impl Opts {
     fn rows(&self) -> Vec<Row> {
         if !self.rows.is_empty() {
             return self.rows.clone();
+        }
+        if self.instructions {
+            return vec![Row::B1, Row::F1, Row::F2];
         }
         match (self.scale, self.split_cores) {
             (true, _) => vec![Row::S, Row::F2],
@@ -182,6 +192,9 @@ fn remove_temp_files(run_prefix: &str) {
 /// Runs what the options ask for and prints the tables.
 async fn bench(opts: Opts, run_prefix: String) -> Result<(), String> {
     let rows = opts.rows();
+    if opts.instructions {
+        instructions::check_valgrind()?;
+    }
     let mut node = None;
     let target = if opts.split_cores {
         if procfs::cores() < 2 {
@@ -203,6 +216,7 @@ async fn bench(opts: Opts, run_prefix: String) -> Result<(), String> {
     // The default run's latency baseline (LS) is a Shovel too; it runs at a
     // rate given or at half of F2's.
     let latency_shovel = !opts.scale
+        && !opts.instructions
         && opts.latency_secs > 0.0
         && (opts.latency_rate.is_some() || rows.contains(&Row::F2));
     let shovel_note = if opts.split_cores || !(latency_shovel || rows.iter().any(|r| r.is_shovel()))
@@ -221,10 +235,13 @@ async fn bench(opts: Opts, run_prefix: String) -> Result<(), String> {
         stall: Duration::from_secs(opts.stall_secs),
         clock_ticks: procfs::clock_ticks_per_sec(),
         forwarder_cpus: opts.split_cores.then(|| "1".to_owned()),
+        callgrind: opts.instructions.then(std::env::temp_dir),
     });
     println!("{}", header(&opts, &ctx, shovel_note).await);
 
-    let result = if opts.scale {
+    let result = if opts.instructions {
+        instructions::run(&opts, &ctx, &run_prefix, &rows).await
+    } else if opts.scale {
         modes::scale(&opts, &ctx, &run_prefix, &rows).await
     } else if opts.split_cores {
         modes::split(&opts, &ctx, &run_prefix, &rows).await
@@ -270,6 +287,8 @@ async fn header(opts: &Opts, ctx: &Ctx, shovel_note: Option<String>) -> String {
         .map_or(binary, |b| b.trim_start_matches('/'));
     let mode = if opts.split_cores {
         "split cores: a private node confined to CPU 0, the forwarder to CPU 1"
+    } else if opts.instructions {
+        "instructions: each forwarder under valgrind's callgrind, on the shared broker"
     } else {
         "shared: broker and forwarder on any CPU"
     };
@@ -303,6 +322,12 @@ async fn header(opts: &Opts, ctx: &Ctx, shovel_note: Option<String>) -> String {
             },
             if opts.scale {
                 format!("{} and {}", opts.backlog, opts.scale_backlog)
+            } else if opts.instructions {
+                format!(
+                    "{} and {}",
+                    opts.instructions_backlog / 4,
+                    opts.instructions_backlog
+                )
             } else {
                 opts.backlog.to_string()
             },

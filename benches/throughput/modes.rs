@@ -19,7 +19,11 @@ pub const MAIN_SIZE: usize = 1024;
 const LARGE_SIZE: usize = 65536;
 
 /// Runs `plans` one after the other, printing a line per run; stops at the first failure.
-async fn run_all(ctx: &Arc<Ctx>, plans: Vec<Plan>, out: &mut Vec<Outcome>) -> Result<(), String> {
+pub async fn run_all(
+    ctx: &Arc<Ctx>,
+    plans: Vec<Plan>,
+    out: &mut Vec<Outcome>,
+) -> Result<(), String> {
     for plan in plans {
         let outcome = rows::run(ctx.clone(), plan).await?;
         eprintln!("{}", outcome.line());
@@ -44,7 +48,7 @@ fn plans(run_prefix: &str, rounds: u32, rows: &[Row], size: usize, backlog: u64)
 }
 
 /// One run, its names under `<run prefix>-r<round>-<row>-<size>-<backlog>`.
-fn plan(run_prefix: &str, round: u32, row: Row, size: usize, backlog: u64) -> Plan {
+pub fn plan(run_prefix: &str, round: u32, row: Row, size: usize, backlog: u64) -> Plan {
     let label = row.label().to_lowercase();
     Plan {
         row,

@@ -12,9 +12,10 @@ use serde_json::json;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::bare;
+use crate::instructions;
 use crate::support::TestBroker;
 use crate::support::harness::{
-    Process, declare_inbound, match_all_toml, seed_toml, top_toml_at, wait_consumers,
+    Process, Wrap, declare_inbound, match_all_toml, seed_toml, top_toml_at, wait_consumers,
 };
 use crate::target::Target;
 use crate::window::{Mover, Watch, Window};
@@ -123,6 +124,9 @@ pub struct Ctx {
     pub clock_ticks: f64,
     /// CPUs the forwarder is confined to (split-cores mode).
     pub forwarder_cpus: Option<String>,
+    /// Where callgrind writes its counts when the forwarder rows run under
+    /// it (`--instructions`).
+    pub callgrind: Option<std::path::PathBuf>,
 }
 
 /// One run of one row.
@@ -144,6 +148,8 @@ pub struct Outcome {
     pub window: Window,
     /// The forwarder's peak resident memory (VmHWM), KiB.
     pub peak_rss_kib: Option<u64>,
+    /// The forwarder's instructions, start to exit, under callgrind.
+    pub instructions: Option<u64>,
     /// What the check after the run found wrong.
     pub notes: Vec<String>,
 }
@@ -396,18 +402,25 @@ async fn forwarder(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
     };
     let primaries: Vec<String> = branches.iter().map(|b| b[0].clone()).collect();
     let started = Instant::now();
-    let cpus = ctx.forwarder_cpus.as_deref();
-    let process = match (plan.row, cpus) {
-        (Row::B1 | Row::B1H, _) => bare::spawn(
+    let counts = ctx
+        .callgrind
+        .as_deref()
+        .map(|dir| instructions::out_file(dir, p));
+    let (wrap, env) = match (&counts, ctx.forwarder_cpus.as_deref()) {
+        (Some(out), _) => (Wrap::Callgrind(out), &instructions::FORWARDER_ENV[..]),
+        (None, Some(cpus)) => (Wrap::Pinned(cpus), &[][..]),
+        (None, None) => (Wrap::Direct, &[][..]),
+    };
+    let process = match plan.row {
+        Row::B1 | Row::B1H => bare::spawn(
             p,
             &ctx.target.url,
             (&q("in"), &q("service")),
             ctx.prefetch,
             plan.row == Row::B1H,
-            cpus,
+            wrap,
         ),
-        (_, Some(cpus)) => Process::spawn_pinned(p, &toml, cpus, &[], &[]),
-        (_, None) => Process::spawn(p, &toml),
+        _ => Process::spawn_through(p, &toml, wrap, &[], env),
     };
     let mut mover = Mover::Forwarder(process);
     let watch = Watch {
@@ -430,6 +443,12 @@ async fn forwarder(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
             process.log_path.display()
         ));
     }
+    let instructions = match &counts {
+        Some(out) if code == Some(0) => instructions::read_total(out)
+            .map_err(|e| notes.push(e))
+            .ok(),
+        _ => None,
+    };
     let expected: Vec<(String, u64)> = outputs
         .iter()
         .map(|queue| {
@@ -453,6 +472,7 @@ async fn forwarder(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
         plan: plan.clone(),
         window,
         peak_rss_kib,
+        instructions,
         notes,
     }
 }
@@ -531,6 +551,7 @@ async fn shovels(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
         plan: plan.clone(),
         window,
         peak_rss_kib: None,
+        instructions: None,
         notes: check(broker, &expected).await,
     }
 }

@@ -240,6 +240,20 @@ pub async fn wait_consumers(broker: &TestBroker, queue: &str, n: u32) {
     .await;
 }
 
+/// What a [`Process`] is started through.
+#[derive(Debug, Clone, Copy)]
+pub enum Wrap<'a> {
+    /// The program itself.
+    Direct,
+    /// `taskset -c <cpus>` (e.g. `"1"`), which execs the program: confined
+    /// from its first instruction, and the pid stays the program's.
+    Pinned(&'a str),
+    /// valgrind's callgrind, counting the program's instructions into this
+    /// file when it exits. The program runs inside valgrind's process, so
+    /// the pid and signals are its own; it cannot follow an `exec`.
+    Callgrind(&'a std::path::Path),
+}
+
 /// The switchyard binary run as a real process on a configuration file.
 pub struct Process {
     child: Child,
@@ -259,19 +273,19 @@ impl Process {
     /// `run`, the others after it) and environment variables (`RUST_LOG` is
     /// `info` unless given).
     pub fn spawn_with(prefix: &str, toml: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
-        Self::launch(prefix, toml, args, env, None)
+        Self::launch(prefix, toml, args, env, Wrap::Direct)
     }
 
-    /// [`Process::spawn_with`] confined to the CPUs of `cpus` (`taskset -c`
-    /// syntax, e.g. `"1"`) from its first instruction.
-    pub fn spawn_pinned(
+    /// [`Process::spawn_with`] started through `wrap` (pinned to CPUs, or
+    /// under callgrind).
+    pub fn spawn_through(
         prefix: &str,
         toml: &str,
-        cpus: &str,
+        wrap: Wrap<'_>,
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Self {
-        Self::launch(prefix, toml, args, env, Some(cpus))
+        Self::launch(prefix, toml, args, env, wrap)
     }
 
     fn launch(
@@ -279,7 +293,7 @@ impl Process {
         toml: &str,
         args: &[&str],
         env: &[(&str, &str)],
-        cpus: Option<&str>,
+        wrap: Wrap<'_>,
     ) -> Self {
         let config_path = std::env::temp_dir().join(format!("{prefix}.toml"));
         std::fs::write(&config_path, toml).unwrap_or_else(|e| panic!("write config: {e}"));
@@ -292,42 +306,49 @@ impl Process {
         let mut env_with_log = vec![("RUST_LOG", "info")];
         env_with_log.extend_from_slice(env);
         let binary = std::path::Path::new(env!("CARGO_BIN_EXE_switchyard"));
-        let mut process = Self::start(prefix, binary, &argv, &env_with_log, cpus);
+        let mut process = Self::start(prefix, binary, &argv, &env_with_log, wrap);
         process.config_path = Some(config_path);
         process
     }
 
     /// Another program (`program args...`) as a process of its own, with
     /// the same handling as the forwarder's: stdout discarded, stderr in a
-    /// log named after `prefix`, confined to `cpus` when given.
+    /// log named after `prefix`, started through `wrap`.
     pub fn spawn_program(
         prefix: &str,
         program: &std::path::Path,
         args: &[&str],
-        cpus: Option<&str>,
+        env: &[(&str, &str)],
+        wrap: Wrap<'_>,
     ) -> Self {
-        Self::start(prefix, program, args, &[], cpus)
+        Self::start(prefix, program, args, env, wrap)
     }
 
     /// Starts `program args...` with `env` added (a later pair wins), stdout
-    /// discarded and stderr in a log named after `prefix`; through `taskset`
-    /// when `cpus` is given, which execs it, so the pid stays the program's.
+    /// discarded and stderr in a log named after `prefix`, through `wrap`.
     fn start(
         prefix: &str,
         program: &std::path::Path,
         args: &[&str],
         env: &[(&str, &str)],
-        cpus: Option<&str>,
+        wrap: Wrap<'_>,
     ) -> Self {
         let log_path = std::env::temp_dir().join(format!("{prefix}-{}.log", uuid_suffix()));
         let log = std::fs::File::create(&log_path).unwrap_or_else(|e| panic!("create log: {e}"));
-        let mut command = match cpus {
-            Some(cpus) => {
+        let mut command = match wrap {
+            Wrap::Direct => Command::new(program),
+            Wrap::Pinned(cpus) => {
                 let mut c = Command::new("taskset");
                 c.args(["-c", cpus]).arg(program);
                 c
             }
-            None => Command::new(program),
+            Wrap::Callgrind(out) => {
+                let mut c = Command::new("valgrind");
+                c.arg("--tool=callgrind")
+                    .arg(format!("--callgrind-out-file={}", out.display()))
+                    .arg(program);
+                c
+            }
         };
         let child = command
             .args(args)

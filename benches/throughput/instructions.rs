@@ -1,0 +1,139 @@
+//! `--instructions`: what a message costs the forwarder in instructions,
+//! counted by valgrind's callgrind rather than timed, so that a change of a
+//! few percent shows through a machine whose speed drifts.
+//!
+//! Each row (B1, F1 and F2 unless `--rows`) runs under callgrind twice per
+//! round: with `--instructions-backlog` messages preloaded and with a
+//! quarter of that. The difference of the two totals, over the difference
+//! of the backlogs, is the cost of one message with start-up and shutdown
+//! cancelled out. It counts user-space instructions of every thread of the
+//! process (the runtime's worker and lapin's I/O threads alike), not the
+//! kernel's work for sockets and thread wake-ups, which `perf` shows.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::Opts;
+use crate::modes::{MAIN_SIZE, plan, run_all};
+use crate::report::median;
+use crate::rows::{Ctx, Outcome, Row};
+
+/// The forwarder's environment under callgrind: the thread stack it
+/// needs (`THREAD_STACK` of a release build) already set, so that it does
+/// not re-execute itself to raise it, which callgrind cannot follow.
+pub const FORWARDER_ENV: [(&str, &str); 1] = [("RUST_MIN_STACK", "134217728")];
+
+/// Where the counts of the run named `prefix` go.
+pub fn out_file(dir: &Path, prefix: &str) -> PathBuf {
+    dir.join(format!("{prefix}.callgrind"))
+}
+
+/// The total instructions in a callgrind output file (its `totals:` or
+/// `summary:` line); the file is removed.
+pub fn read_total(out: &Path) -> Result<u64, String> {
+    let text = std::fs::read_to_string(out)
+        .map_err(|e| format!("callgrind wrote no counts to {}: {e}", out.display()))?;
+    let total = text
+        .lines()
+        .find_map(|line| {
+            let value = line
+                .strip_prefix("totals:")
+                .or_else(|| line.strip_prefix("summary:"))?;
+            value.split_whitespace().next()?.parse::<u64>().ok()
+        })
+        .ok_or_else(|| format!("no totals line in {}", out.display()))?;
+    let _ = std::fs::remove_file(out);
+    Ok(total)
+}
+
+/// Fails with a clear line when valgrind is not installed.
+pub fn check_valgrind() -> Result<(), String> {
+    match std::process::Command::new("valgrind")
+        .arg("--version")
+        .output()
+    {
+        Ok(out) if out.status.success() => Ok(()),
+        _ => Err("--instructions needs valgrind (Debian: apt install valgrind)".to_owned()),
+    }
+}
+
+pub async fn run(
+    opts: &Opts,
+    ctx: &Arc<Ctx>,
+    run_prefix: &str,
+    rows: &[Row],
+) -> Result<(), String> {
+    let large = opts.instructions_backlog.max(4);
+    let small = large / 4;
+    let mut all = Vec::new();
+    for round in 1..=opts.rounds {
+        let mut order: Vec<(Row, u64)> = rows
+            .iter()
+            .flat_map(|&row| [small, large].map(move |backlog| (row, backlog)))
+            .collect();
+        if round % 2 == 0 {
+            order.reverse();
+        }
+        let runs = order
+            .into_iter()
+            .map(|(row, backlog)| plan(run_prefix, round, row, MAIN_SIZE, backlog))
+            .collect();
+        run_all(ctx, runs, &mut all).await?;
+    }
+    println!(
+        "\n## Instructions per message (callgrind), 1 KiB bodies, backlogs {small} and {large}, medians of {} round(s)\n",
+        opts.rounds
+    );
+    println!("{}", table(&all, rows, opts.rounds, (small, large)));
+    for o in &all {
+        for note in &o.notes {
+            println!("NOTE round {} {}: {note}", o.plan.round, o.plan.row.label());
+        }
+    }
+    Ok(())
+}
+
+/// Instructions per message of `row` in `round`: the difference of its two
+/// runs over the difference of their backlogs.
+fn per_message(all: &[Outcome], row: Row, round: u32, (small, large): (u64, u64)) -> Option<f64> {
+    let total = |backlog: u64| {
+        all.iter()
+            .find(|o| o.plan.row == row && o.plan.round == round && o.plan.backlog == backlog)
+            .and_then(|o| o.instructions)
+    };
+    let (low, high) = (total(small)?, total(large)?);
+    Some((high as f64 - low as f64) / (large - small) as f64)
+}
+
+fn table(all: &[Outcome], rows: &[Row], rounds: u32, backlogs: (u64, u64)) -> String {
+    let medians: Vec<(Row, Option<f64>)> = rows
+        .iter()
+        .map(|&row| {
+            let values = (1..=rounds)
+                .filter_map(|round| per_message(all, row, round, backlogs))
+                .collect();
+            (row, median(values))
+        })
+        .collect();
+    let floor = medians
+        .iter()
+        .find(|(row, _)| *row == Row::B1)
+        .and_then(|(_, v)| *v);
+    let thousands = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{:.1}k", v / 1000.0));
+    let mut out = String::from(
+        "| row | what | instructions per message | per copy | per copy above B1 |\n| --- | --- | ---: | ---: | ---: |\n",
+    );
+    for (row, per_msg) in &medians {
+        let per_copy = per_msg.map(|v| v / row.copies_per_msg() as f64);
+        let above = per_copy.zip(floor).map(|(c, f)| c - f);
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} |\n",
+            row.label(),
+            row.what(),
+            thousands(*per_msg),
+            thousands(per_copy),
+            thousands(above),
+        ));
+    }
+    out
+}
