@@ -152,6 +152,9 @@ async fn consume_channel(
     inbound: &mut InboundChannel,
     permits: &Arc<Semaphore>,
 ) -> Leave {
+    // One registration with the token for the whole channel, not two per message.
+    let stopping = shutdown.cancelled();
+    tokio::pin!(stopping);
     loop {
         let ready = async {
             let permit = permits.clone().acquire_owned().await;
@@ -161,7 +164,7 @@ async fn consume_channel(
         let reload = next_reload(reloads);
         let permit = tokio::select! {
             biased;
-            () = shutdown.cancelled() => return Leave::Shutdown,
+            () = &mut stopping => return Leave::Shutdown,
             reload = reload => {
                 if forwarder.reload(reload, shutdown).await {
                     return Leave::Reconfigured;
@@ -173,11 +176,11 @@ async fn consume_channel(
                 Err(_) => return Leave::Shutdown,
             },
         };
-        let queue = forwarder.current().settings.inbound.queue.clone();
         let telemetry = &forwarder.telemetry;
+        let queue = || forwarder.current().settings.inbound.queue.clone();
         tokio::select! {
             biased;
-            () = shutdown.cancelled() => return Leave::Shutdown,
+            () = &mut stopping => return Leave::Shutdown,
             reload = next_reload(reloads) => {
                 drop(permit);
                 if forwarder.reload(reload, shutdown).await {
@@ -189,11 +192,11 @@ async fn consume_channel(
                     dispatch(forwarder, tracker, envelope, receipt, permit)
                 }
                 Some(Err(why)) => {
-                    telemetry.consumer_lost(&queue, &why.to_string());
+                    telemetry.consumer_lost(&queue(), &why.to_string());
                     return Leave::Lost;
                 }
                 None => {
-                    telemetry.consumer_lost(&queue, "consumer ended");
+                    telemetry.consumer_lost(&queue(), "consumer ended");
                     return Leave::Lost;
                 }
             },

@@ -63,6 +63,11 @@ impl Publishers {
         }
     }
 
+    /// Whether a branch is waiting out an outage now.
+    pub fn in_outage(&self) -> bool {
+        *self.waiting.borrow() > 0
+    }
+
     /// Returns once no branch is waiting out an outage.
     pub async fn no_outage(&self) {
         let _ = self.waiting.subscribe().wait_for(|n| *n == 0).await;

@@ -65,6 +65,12 @@ impl Drop for Shared {
 }
 
 impl Generation {
+    /// Whether messages may be taken now: no publishing broker blocks
+    /// publishers and no branch waits out an outage.
+    pub(super) fn publishing(&self) -> bool {
+        self.blocking.iter().all(|b| !b.borrow().blocked) && !self.publishers.in_outage()
+    }
+
     /// Compiles `settings` into generation `number`, reusing what `previous`
     /// has for unchanged brokers and endpoints. Connects lazily.
     pub(super) fn build(

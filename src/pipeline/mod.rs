@@ -132,6 +132,10 @@ impl Forwarder {
     /// Returns once no publishing broker of the live generation blocks
     /// publishers and no branch waits out an outage.
     async fn wait_until_publishing(&self) {
+        // Nearly always: nothing to wait for, and no receiver need be made.
+        if self.current().publishing() {
+            return;
+        }
         loop {
             let generation = self.current();
             for blocking in &generation.blocking {
