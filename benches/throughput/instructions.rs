@@ -105,32 +105,61 @@ fn per_message(all: &[Outcome], row: Row, round: u32, (small, large): (u64, u64)
     Some((high as f64 - low as f64) / (large - small) as f64)
 }
 
+/// One row's counts over its rounds.
+struct Counted {
+    row: Row,
+    median: Option<f64>,
+    /// (max - min) / median, percent.
+    spread: Option<f64>,
+    rounds: Vec<f64>,
+}
+
 fn table(all: &[Outcome], rows: &[Row], rounds: u32, backlogs: (u64, u64)) -> String {
-    let medians: Vec<(Row, Option<f64>)> = rows
+    let counted: Vec<Counted> = rows
         .iter()
         .map(|&row| {
-            let values = (1..=rounds)
+            let values: Vec<f64> = (1..=rounds)
                 .filter_map(|round| per_message(all, row, round, backlogs))
                 .collect();
-            (row, median(values))
+            let low = values.iter().copied().reduce(f64::min);
+            let high = values.iter().copied().reduce(f64::max);
+            let mid = median(values.clone());
+            let spread = mid
+                .zip(low.zip(high))
+                .map(|(m, (l, h))| (h - l) / m * 100.0);
+            Counted {
+                row,
+                median: mid,
+                spread,
+                rounds: values,
+            }
         })
         .collect();
-    let floor = medians
+    let floor = counted
         .iter()
-        .find(|(row, _)| *row == Row::B1)
-        .and_then(|(_, v)| *v);
+        .find(|c| c.row == Row::B1)
+        .and_then(|c| c.median);
     let thousands = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{:.1}k", v / 1000.0));
     let mut out = String::from(
-        "| row | what | instructions per message | per copy | per copy above B1 |\n| --- | --- | ---: | ---: | ---: |\n",
+        "| row | what | instructions per message | spread | rounds | per copy | per copy above B1 |\n| --- | --- | ---: | ---: | ---: | ---: | ---: |\n",
     );
-    for (row, per_msg) in &medians {
+    for Counted {
+        row,
+        median: per_msg,
+        spread,
+        rounds,
+    } in &counted
+    {
+        let each: Vec<String> = rounds.iter().map(|v| thousands(Some(*v))).collect();
         let per_copy = per_msg.map(|v| v / row.copies_per_msg() as f64);
         let above = per_copy.zip(floor).map(|(c, f)| c - f);
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} |\n",
             row.label(),
             row.what(),
             thousands(*per_msg),
+            spread.map_or("-".to_owned(), |s| format!("{s:.1}%")),
+            each.join(" "),
             thousands(per_copy),
             thousands(above),
         ));
