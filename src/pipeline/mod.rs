@@ -132,19 +132,16 @@ impl Forwarder {
     /// Returns once no publishing broker of the live generation blocks
     /// publishers and no branch waits out an outage.
     async fn wait_until_publishing(&self) {
-        // Nearly always: nothing to wait for, and no receiver need be made.
-        if self.current().publishing() {
-            return;
-        }
         loop {
+            // Checked first, so the usual case makes no receiver at all.
             let generation = self.current();
+            if generation.publishing() {
+                return;
+            }
             for blocking in &generation.blocking {
                 let _ = blocking.clone().wait_for(|b| !b.blocked).await;
             }
             generation.publishers.no_outage().await;
-            if generation.blocking.iter().all(|b| !b.borrow().blocked) {
-                return;
-            }
         }
     }
 
