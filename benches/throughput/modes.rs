@@ -19,11 +19,7 @@ pub const MAIN_SIZE: usize = 1024;
 const LARGE_SIZE: usize = 65536;
 
 /// Runs `plans` one after the other, printing a line per run; stops at the first failure.
-pub async fn run_all(
-    ctx: &Arc<Ctx>,
-    plans: Vec<Plan>,
-    out: &mut Vec<Outcome>,
-) -> Result<(), String> {
+async fn run_all(ctx: &Arc<Ctx>, plans: Vec<Plan>, out: &mut Vec<Outcome>) -> Result<(), String> {
     for plan in plans {
         let outcome = rows::run(ctx.clone(), plan).await?;
         eprintln!("{}", outcome.line());
@@ -48,7 +44,7 @@ fn plans(run_prefix: &str, rounds: u32, rows: &[Row], size: usize, backlog: u64)
 }
 
 /// One run, its names under `<run prefix>-r<round>-<row>-<size>-<backlog>`.
-pub fn plan(run_prefix: &str, round: u32, row: Row, size: usize, backlog: u64) -> Plan {
+fn plan(run_prefix: &str, round: u32, row: Row, size: usize, backlog: u64) -> Plan {
     let label = row.label().to_lowercase();
     Plan {
         row,
@@ -175,15 +171,17 @@ pub async fn split(
     Ok(())
 }
 
-pub async fn scale(
-    opts: &Opts,
+/// `rounds` rounds of every row at every backlog (1 KiB bodies), in
+/// alternating order, as `--scale` and `--instructions` run them.
+pub async fn run_at_backlogs(
     ctx: &Arc<Ctx>,
     run_prefix: &str,
+    rounds: u32,
     rows: &[Row],
-) -> Result<(), String> {
+    backlogs: &[u64],
+) -> Result<Vec<Outcome>, String> {
     let mut all = Vec::new();
-    let backlogs = [opts.backlog, opts.scale_backlog];
-    for round in 1..=opts.rounds {
+    for round in 1..=rounds {
         let mut order: Vec<(Row, u64)> = rows
             .iter()
             .flat_map(|&row| backlogs.iter().map(move |&backlog| (row, backlog)))
@@ -197,6 +195,17 @@ pub async fn scale(
             .collect();
         run_all(ctx, runs, &mut all).await?;
     }
+    Ok(all)
+}
+
+pub async fn scale(
+    opts: &Opts,
+    ctx: &Arc<Ctx>,
+    run_prefix: &str,
+    rows: &[Row],
+) -> Result<(), String> {
+    let backlogs = [opts.backlog, opts.scale_backlog];
+    let all = run_at_backlogs(ctx, run_prefix, opts.rounds, rows, &backlogs).await?;
     let labels: Vec<&str> = rows.iter().map(|r| r.label()).collect();
     println!(
         "\n## Scale: {} by backlog, {} bodies, medians of {} round(s)\n",
