@@ -18,9 +18,10 @@
 //! The task also keeps the endpoint's [`EndpointHealth`]: down on a
 //! connection or channel failure, probed every `probe_interval_ms` while
 //! down, up again on a working probe or a confirmed publish. Confirm
-//! timeouts do not run while the broker blocks the connection.
+//! timeouts do not run while the broker blocks the connection; the task
+//! keeps every publish's deadline itself (see [`Deadlines`]).
 
-use super::connector::{Blocking, ConnectError, Connector, within_unblocked};
+use super::connector::{Blocking, ConnectError, Connector};
 use super::error::{BrokerError, Fault};
 use super::frame_size::content_header_frame;
 use super::health::{Down, EndpointHealth};
@@ -41,7 +42,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 
 /// Header carrying the identity of one publish attempt.
@@ -104,13 +105,10 @@ pub struct Publisher {
     endpoint: Arc<Endpoint>,
     commands: mpsc::UnboundedSender<Command>,
     health: Arc<EndpointHealth>,
-    blocking: watch::Receiver<Blocking>,
 }
 
 enum Command {
     Publish(Request),
-    /// The publish with this id timed out: its channel is suspect.
-    TimedOut(u64),
     /// A background probe of a down endpoint finished.
     Probed(Result<(), String>),
 }
@@ -121,9 +119,9 @@ struct Request {
     extra_headers: Vec<(ShortString, AmqpValue)>,
     mode: Mode,
     reply: oneshot::Sender<Result<(), PublishFailure>>,
-    /// For [`Mode::Alone`]: told when the publish leaves, which starts its
-    /// confirm timeout (it may wait behind other suspects).
-    sent: Option<oneshot::Sender<()>>,
+    /// When [`Publisher::publish`] was called: a [`Mode::Normal`] publish's
+    /// confirm timeout runs from then.
+    called_at: Instant,
 }
 
 impl Publisher {
@@ -137,8 +135,8 @@ impl Publisher {
         telemetry: Telemetry,
     ) -> Self {
         let (commands, rx) = mpsc::unbounded_channel();
-        let blocking = connector.blocking();
         let actor = Actor {
+            deadlines: Deadlines::new(endpoint.confirm_timeout, connector.blocking()),
             exchange: endpoint.exchange.as_str().into(),
             routing_key: endpoint.routing_key.as_str().into(),
             endpoint: endpoint.clone(),
@@ -165,7 +163,6 @@ impl Publisher {
             endpoint,
             commands,
             health,
-            blocking,
         }
     }
 
@@ -189,43 +186,21 @@ impl Publisher {
         extra_headers: Vec<(ShortString, AmqpValue)>,
         mode: Mode,
     ) -> impl Future<Output = Result<(), PublishFailure>> + Send + 'static {
-        let limit = self.endpoint.confirm_timeout;
-        let id = NEXT_PUBLISH_ID.fetch_add(1, Ordering::Relaxed);
         let (reply, outcome) = oneshot::channel();
-        let (sent, left) = match mode {
-            Mode::Normal => (None, None),
-            Mode::Alone => {
-                let (tx, rx) = oneshot::channel();
-                (Some(tx), Some(rx))
-            }
-        };
         let request = Request {
-            id,
+            id: NEXT_PUBLISH_ID.fetch_add(1, Ordering::Relaxed),
             envelope,
             extra_headers,
             mode,
             reply,
-            sent,
+            called_at: Instant::now(),
         };
         let queued = self.commands.send(Command::Publish(request)).is_ok();
-        let commands = self.commands.clone();
-        let blocking = self.blocking.clone();
         async move {
             if !queued {
                 return Err(PublishFailure::Stopped);
             }
-            if let Some(left) = left {
-                // An error here only means it was answered without being sent.
-                let _ = left.await;
-            }
-            match within_unblocked(outcome, limit, blocking).await {
-                Some(Ok(result)) => result,
-                Some(Err(_)) => Err(PublishFailure::Stopped),
-                None => {
-                    let _ = commands.send(Command::TimedOut(id));
-                    Err(PublishFailure::Timeout(limit.as_millis()))
-                }
-            }
+            outcome.await.unwrap_or(Err(PublishFailure::Stopped))
         }
     }
 }
@@ -252,6 +227,7 @@ struct Waiter {
 }
 
 struct Actor {
+    deadlines: Deadlines,
     endpoint: Arc<Endpoint>,
     exchange: ShortString,
     routing_key: ShortString,
@@ -294,12 +270,13 @@ impl Actor {
                 Some(first) = in_flight.next(), if !in_flight.is_empty() => {
                     self.harvest(first, &mut in_flight);
                 }
+                // Before new publishes: up to `prefetch` of them may be queued.
+                () = &mut self.deadlines.timer, if self.deadlines.armed => self.expire_due(),
                 command = self.rx.recv(), if open => match command {
                     Some(Command::Publish(request)) => match request.mode {
                         Mode::Normal => self.start(request, &mut in_flight).await,
                         Mode::Alone => self.alone_queue.push_back(request),
                     },
-                    Some(Command::TimedOut(id)) => self.timed_out(id),
                     Some(Command::Probed(result)) => self.probed(result),
                     None => open = false,
                 },
@@ -369,7 +346,7 @@ impl Actor {
         &mut self,
         channel: SharedChannel,
         generation: u64,
-        mut request: Request,
+        request: Request,
         in_flight: &mut FuturesUnordered<InFlight>,
     ) {
         let id = request.id;
@@ -385,9 +362,11 @@ impl Actor {
             ))));
             return;
         }
-        if let Some(sent) = request.sent.take() {
-            let _ = sent.send(());
-        }
+        let deadline = match request.mode {
+            Mode::Normal => request.called_at,
+            Mode::Alone => Instant::now(),
+        } + self.endpoint.confirm_timeout;
+        self.deadlines.push(request.mode, deadline, id);
         let (exchange, routing_key) = (self.exchange.clone(), self.routing_key.clone());
         let envelope = request.envelope;
         let mut publish: InFlight = Box::pin(async move {
@@ -480,19 +459,37 @@ impl Actor {
         self.health.mark_down(down, why);
     }
 
-    /// A publish timed out: if it went out on the current channel, that
-    /// channel is suspect (a stalled connection never answers), so the next
-    /// publish opens a fresh one.
+    /// Fails every publish whose confirm is overdue, then sets the next
+    /// alarm.
+    fn expire_due(&mut self) {
+        while let Some(id) = self.deadlines.pop_due(&self.waiting) {
+            self.timed_out(id);
+        }
+        self.deadlines.rearm(&self.waiting);
+    }
+
+    /// A publish timed out: its caller is told so and, if it went out on
+    /// the current channel, that channel is suspect (a stalled connection
+    /// never answers), so the next publish opens a fresh one.
     fn timed_out(&mut self, id: u64) {
         let Some(waiter) = self.waiting.remove(&id) else {
             return;
         };
         let limit = self.endpoint.confirm_timeout.as_millis();
+        if waiter.mode == Mode::Alone {
+            self.alone_busy = None;
+        }
+        // Nobody waits for it any more (its transaction was abandoned): no
+        // verdict on the channel from it.
+        if waiter
+            .reply
+            .send(Err(PublishFailure::Timeout(limit)))
+            .is_err()
+        {
+            return;
+        }
         let stale = match waiter.mode {
-            Mode::Alone => {
-                self.alone_busy = None;
-                self.alone_channel.take()
-            }
+            Mode::Alone => self.alone_channel.take(),
             Mode::Normal if waiter.generation == self.generation => self.channel.take(),
             Mode::Normal => None,
         };
@@ -572,6 +569,7 @@ impl Actor {
         }
         self.batch = batch;
         self.late = late;
+        self.deadlines.forget_settled(&self.waiting);
     }
 
     /// Sends each publisher its outcome; returns were attributed already.
@@ -639,6 +637,112 @@ impl Actor {
     }
 }
 
+/// Every publish's confirm deadline, kept by the actor with one timer for
+/// the endpoint. A timer per publish in the caller (with its own watch of
+/// the blocked state and a command back on timeout) cost about 3% of the
+/// seed scenario's instructions per message (BENCHMARKS.md, "Profile").
+///
+/// A publish is overdue once its deadline has passed and the connection
+/// is not blocked, and has not been blocked within the last
+/// `confirm_timeout`: the clock stands still during a resource alarm and
+/// restarts in full when it lifts. While blocked, the timer looks again
+/// every `confirm_timeout`, so it never looks later than the moment the
+/// first publish could be due after the block lifts.
+///
+/// Normal publishes count from their call and are kept in the order they
+/// went out, which is their call order (to within the moment between
+/// taking the time and queueing the command). Suspects go out one at a
+/// time and count from when they leave.
+struct Deadlines {
+    limit: Duration,
+    normal: VecDeque<(Instant, u64)>,
+    alone: Option<(Instant, u64)>,
+    blocking: watch::Receiver<Blocking>,
+    timer: Pin<Box<Sleep>>,
+    /// Whether `timer` is set: some publish is pending.
+    armed: bool,
+}
+
+impl Deadlines {
+    fn new(limit: Duration, blocking: watch::Receiver<Blocking>) -> Self {
+        Self {
+            limit,
+            normal: VecDeque::new(),
+            alone: None,
+            blocking,
+            timer: Box::pin(tokio::time::sleep_until(Instant::now())),
+            armed: false,
+        }
+    }
+
+    fn push(&mut self, mode: Mode, deadline: Instant, id: u64) {
+        match mode {
+            Mode::Normal => self.normal.push_back((deadline, id)),
+            Mode::Alone => self.alone = Some((deadline, id)),
+        }
+        if !self.armed {
+            self.arm(deadline);
+        }
+    }
+
+    /// When the earliest pending publish is due, given the blocked state.
+    fn due(&self, deadline: Instant) -> Option<Instant> {
+        let state = *self.blocking.borrow();
+        (!state.blocked).then(|| deadline.max(state.since + self.limit))
+    }
+
+    fn arm(&mut self, deadline: Instant) {
+        let at = self
+            .due(deadline)
+            .unwrap_or_else(|| Instant::now() + self.limit);
+        self.timer.as_mut().reset(at);
+        self.armed = true;
+    }
+
+    /// Drops deadlines of publishes already decided, from the front.
+    fn forget_settled(&mut self, waiting: &HashMap<u64, Waiter>) {
+        while let Some((_, id)) = self.normal.front() {
+            if waiting.contains_key(id) {
+                break;
+            }
+            self.normal.pop_front();
+        }
+        if self.alone.is_some_and(|(_, id)| !waiting.contains_key(&id)) {
+            self.alone = None;
+        }
+    }
+
+    /// The next overdue publish still waiting, taken off the list.
+    fn pop_due(&mut self, waiting: &HashMap<u64, Waiter>) -> Option<u64> {
+        self.forget_settled(waiting);
+        let now = Instant::now();
+        let overdue = |entry: Option<(Instant, u64)>| {
+            entry.filter(|(deadline, _)| self.due(*deadline).is_some_and(|at| at <= now))
+        };
+        if let Some((_, id)) = overdue(self.alone) {
+            self.alone = None;
+            return Some(id);
+        }
+        let (_, id) = overdue(self.normal.front().copied())?;
+        self.normal.pop_front();
+        Some(id)
+    }
+
+    /// Sets the timer for the earliest deadline still pending, if any.
+    fn rearm(&mut self, waiting: &HashMap<u64, Waiter>) {
+        self.forget_settled(waiting);
+        let earliest = [self.alone, self.normal.front().copied()]
+            .into_iter()
+            .flatten()
+            .map(|(deadline, _)| deadline)
+            .min();
+        match earliest {
+            Some(deadline) => self.arm(deadline),
+            None => self.armed = false,
+        }
+    }
+}
+
 async fn sleep_until_some(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
@@ -673,4 +777,95 @@ fn publish_id(properties: &BasicProperties) -> Option<u64> {
         .inner()
         .get(PUBLISH_ID_HEADER)?;
     value_text(value)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Blocking, Deadlines, HashMap, Mode, Waiter};
+    use std::time::Duration;
+    use tokio::sync::{oneshot, watch};
+    use tokio::time::{Instant, advance};
+
+    const LIMIT: Duration = Duration::from_secs(5);
+
+    fn waiting(ids: &[u64]) -> HashMap<u64, Waiter> {
+        ids.iter()
+            .map(|&id| {
+                let (reply, _) = oneshot::channel();
+                let waiter = Waiter {
+                    reply,
+                    generation: 1,
+                    mode: Mode::Normal,
+                    sent_at: Instant::now(),
+                };
+                (id, waiter)
+            })
+            .collect()
+    }
+
+    fn unblocked_long_ago() -> watch::Sender<Blocking> {
+        watch::Sender::new(Blocking {
+            blocked: false,
+            since: Instant::now(),
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_publish_is_due_at_its_deadline_and_a_settled_one_never() {
+        let blocking = unblocked_long_ago();
+        advance(LIMIT).await;
+        let mut deadlines = Deadlines::new(LIMIT, blocking.subscribe());
+        let now = Instant::now();
+        deadlines.push(Mode::Normal, now + LIMIT, 1);
+        deadlines.push(Mode::Normal, now + LIMIT, 2);
+        deadlines.push(Mode::Alone, now + 2 * LIMIT, 3);
+        assert!(deadlines.armed);
+        let mut waiting = waiting(&[2, 3]);
+        advance(LIMIT - Duration::from_millis(1)).await;
+        assert_eq!(deadlines.pop_due(&waiting), None, "not yet");
+        advance(Duration::from_millis(1)).await;
+        assert_eq!(deadlines.pop_due(&waiting), Some(2), "1 was settled");
+        waiting.remove(&2);
+        assert_eq!(deadlines.pop_due(&waiting), None);
+        deadlines.rearm(&waiting);
+        assert_eq!(deadlines.timer.deadline(), now + 2 * LIMIT);
+        advance(LIMIT).await;
+        assert_eq!(deadlines.pop_due(&waiting), Some(3));
+        waiting.remove(&3);
+        deadlines.rearm(&waiting);
+        assert!(!deadlines.armed, "nothing pending");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_clock_stands_still_while_blocked_and_restarts_when_it_lifts() {
+        let blocking = unblocked_long_ago();
+        advance(LIMIT).await;
+        let mut deadlines = Deadlines::new(LIMIT, blocking.subscribe());
+        let waiting = waiting(&[1]);
+        deadlines.push(Mode::Normal, Instant::now() + LIMIT, 1);
+        blocking.send_replace(Blocking {
+            blocked: true,
+            since: Instant::now(),
+        });
+        advance(3 * LIMIT).await;
+        assert_eq!(deadlines.pop_due(&waiting), None, "blocked");
+        deadlines.rearm(&waiting);
+        assert!(deadlines.armed, "looks again while blocked");
+        assert_eq!(deadlines.timer.deadline(), Instant::now() + LIMIT);
+        let lifted = Instant::now();
+        blocking.send_replace(Blocking {
+            blocked: false,
+            since: lifted,
+        });
+        advance(LIMIT - Duration::from_millis(1)).await;
+        assert_eq!(
+            deadlines.pop_due(&waiting),
+            None,
+            "a full limit after the block"
+        );
+        deadlines.rearm(&waiting);
+        assert_eq!(deadlines.timer.deadline(), lifted + LIMIT);
+        advance(Duration::from_millis(1)).await;
+        assert_eq!(deadlines.pop_due(&waiting), Some(1));
+    }
 }
