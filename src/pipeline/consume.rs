@@ -255,20 +255,28 @@ fn dispatch(
     let abandon = forwarder.abandon.clone();
     telemetry.transaction_started();
     tracker.spawn(async move {
-        let transaction = async {
-            let verdict = match started {
-                Ok(started) => started.finish(receipt.lost()).await.verdict(),
-                Err(verdict) => verdict,
-            };
-            generation.settler.settle(&envelope, receipt, verdict).await;
-        };
         // Abandoned at the shutdown bound: dropping the receipt requeues the message.
         tokio::select! {
             biased;
             () = abandon.cancelled() => {}
-            () = transaction => {}
+            () = transact(started, receipt, &envelope, &generation) => {}
         }
         drop(permit);
         telemetry.transaction_ended();
     });
+}
+
+/// The rest of one transaction: its confirms and failovers, then its
+/// settlement.
+async fn transact(
+    started: Result<deliver::Started, Verdict>,
+    receipt: Receipt,
+    envelope: &Arc<Envelope>,
+    generation: &Generation,
+) {
+    let verdict = match started {
+        Ok(started) => started.finish(receipt.lost()).await.verdict(),
+        Err(verdict) => verdict,
+    };
+    generation.settler.settle(envelope, receipt, verdict).await;
 }

@@ -207,9 +207,21 @@ impl Started {
             }
             .run(at, first)
         });
-        Outcome {
-            branches: join_all(walks).await,
-        }
+        // Each walk is boxed where it is made. Held inline, or side by side
+        // in `join_all`'s one slice, walks made every transaction's task
+        // larger to allocate and to move (the layout keeps a moved-from
+        // walk's slot until its scope ends).
+        let mut walks = walks.map(Box::pin);
+        // One branch (one-to-one forwarding) needs no join.
+        let branches = if walks.len() == 1 {
+            match walks.next() {
+                Some(walk) => vec![walk.await],
+                None => Vec::new(),
+            }
+        } else {
+            join_all(walks).await
+        };
+        Outcome { branches }
     }
 }
 

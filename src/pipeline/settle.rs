@@ -72,8 +72,9 @@ impl Settler {
         if let Verdict::Commit = verdict {
             return receipt.ack();
         }
-        self.settle_set(vec![(envelope.clone(), receipt, verdict)], extra)
-            .await;
+        // Boxed: otherwise every transaction's task carries (and moves) the
+        // state of this rare path.
+        Box::pin(self.settle_set(vec![(envelope.clone(), receipt, verdict)], extra)).await;
     }
 
     /// Settles a set of messages as one unit, in order; every dead-letter
