@@ -34,7 +34,8 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use lapin::message::BasicReturnMessage;
 use lapin::options::BasicPublishOptions;
 use lapin::{BasicProperties, Channel, Confirmation};
-use std::collections::{HashMap, VecDeque};
+use rustc_hash::FxHashMap as HashMap;
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -147,8 +148,8 @@ impl Publisher {
             alone_channel: None,
             alone_queue: VecDeque::new(),
             alone_busy: None,
-            waiting: HashMap::new(),
-            returned: HashMap::new(),
+            waiting: HashMap::default(),
+            returned: HashMap::default(),
             batch: Vec::new(),
             late: Vec::new(),
             rx,

@@ -26,7 +26,7 @@ use crate::envelope::Envelope;
 use crate::routing::{BranchPlan, Outage};
 use crate::telemetry::Telemetry;
 use futures_util::future::join_all;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::future::Future;
 use std::sync::Arc;
 use tokio::sync::watch;
@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 /// Publishers by endpoint name, with the health epoch they share.
 #[derive(Clone)]
 pub struct Publishers {
-    by_endpoint: Arc<HashMap<String, Publisher>>,
+    by_endpoint: Arc<FxHashMap<String, Publisher>>,
     /// Bumped on every endpoint health change.
     health: watch::Receiver<u64>,
     /// How many branches are waiting out an outage now.
