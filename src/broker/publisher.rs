@@ -215,7 +215,29 @@ impl Publisher {
 type SharedChannel = Arc<Channel>;
 
 /// One publish's confirm: its id, the channel it went out on, the result.
-type Confirmed = (u64, SharedChannel, lapin::Result<Confirmation>);
+type Confirmed = (u64, SharedChannel, Confirm);
+
+/// A confirm as the actor keeps it. lapin's `Confirmation` is some 470
+/// bytes, nearly all of it room for a returned message that is rarely
+/// there, and each confirm is moved several times between the wire and its
+/// decision: the returned message is boxed instead, when there is one.
+enum Confirm {
+    Ack(Option<Box<BasicReturnMessage>>),
+    Nack(Option<Box<BasicReturnMessage>>),
+    NotRequested,
+    Failed(BrokerError),
+}
+
+impl From<lapin::Result<Confirmation>> for Confirm {
+    fn from(result: lapin::Result<Confirmation>) -> Self {
+        match result {
+            Ok(Confirmation::Ack(returned)) => Self::Ack(returned.map(Box::new)),
+            Ok(Confirmation::Nack(returned)) => Self::Nack(returned.map(Box::new)),
+            Ok(Confirmation::NotRequested) => Self::NotRequested,
+            Err(e) => Self::Failed(BrokerError::from_lapin(&e)),
+        }
+    }
+}
 type InFlight = Pin<Box<dyn Future<Output = Confirmed> + Send>>;
 
 struct Waiter {
@@ -382,7 +404,7 @@ impl Actor {
                 Ok(confirm) => confirm.await,
                 Err(e) => Err(e),
             };
-            (id, channel, result)
+            (id, channel, Confirm::from(result))
         });
         self.waiting.insert(
             id,
@@ -558,7 +580,7 @@ impl Actor {
             fence(&batch);
             drain_ready(in_flight, &mut late);
             for (id, _, result) in batch.iter_mut().chain(late.iter_mut()) {
-                if let Ok(Confirmation::Ack(returned) | Confirmation::Nack(returned)) = result {
+                if let Confirm::Ack(returned) | Confirm::Nack(returned) = result {
                     self.attribute(returned.take(), *id);
                 }
             }
@@ -579,16 +601,14 @@ impl Actor {
         for (id, _, result) in batch.drain(..) {
             let mut outcome = match (self.returned.remove(&id), result) {
                 (Some(returned), _) => Err(returned),
-                (None, Ok(Confirmation::Ack(_))) => Ok(()),
-                (None, Ok(Confirmation::Nack(_))) => Err(PublishFailure::Nacked),
-                (None, Ok(Confirmation::NotRequested)) => {
-                    Err(PublishFailure::Broker(BrokerError {
-                        code: None,
-                        level: super::Level::Transport,
-                        text: "channel is not in confirm mode".to_owned(),
-                    }))
-                }
-                (None, Err(e)) => Err(PublishFailure::Broker(BrokerError::from_lapin(&e))),
+                (None, Confirm::Ack(_)) => Ok(()),
+                (None, Confirm::Nack(_)) => Err(PublishFailure::Nacked),
+                (None, Confirm::NotRequested) => Err(PublishFailure::Broker(BrokerError {
+                    code: None,
+                    level: super::Level::Transport,
+                    text: "channel is not in confirm mode".to_owned(),
+                })),
+                (None, Confirm::Failed(e)) => Err(PublishFailure::Broker(e)),
             };
             let Some(waiter) = self.waiting.remove(&id) else {
                 continue;
@@ -621,7 +641,7 @@ impl Actor {
         }
     }
 
-    fn attribute(&mut self, returned: Option<BasicReturnMessage>, carrier: u64) {
+    fn attribute(&mut self, returned: Option<Box<BasicReturnMessage>>, carrier: u64) {
         let Some(message) = returned else { return };
         let owner = publish_id(&message.delivery.properties).unwrap_or(carrier);
         if !self.waiting.contains_key(&owner) {
