@@ -65,16 +65,8 @@ pub async fn default_run(
     let main = plans(run_prefix, opts.rounds, rows, MAIN_SIZE, opts.backlog);
     run_all(ctx, main, &mut all).await?;
 
-    let forwarders: Vec<Row> = rows.iter().copied().filter(|r| r.is_forwarder()).collect();
-    let mut swept = Vec::new();
-    for &size in &opts.sizes {
-        let backlog = opts.backlog_for(size);
-        if size != MAIN_SIZE || backlog != opts.backlog {
-            let sweep = plans(run_prefix, opts.rounds, &forwarders, size, backlog);
-            run_all(ctx, sweep, &mut all).await?;
-        }
-        swept.push((size, backlog));
-    }
+    let forwarders = forwarder_rows(rows);
+    let swept = sweep_sizes(opts, ctx, run_prefix, &forwarders, &mut all).await?;
     let mut memory = vec![(MAIN_SIZE, opts.backlog)];
     if !opts.no_memory && rows.contains(&Row::F2) {
         let large = (LARGE_SIZE, opts.backlog_for(LARGE_SIZE));
@@ -157,6 +149,8 @@ pub async fn split(
     let mut all = Vec::new();
     let main = plans(run_prefix, opts.rounds, rows, MAIN_SIZE, opts.backlog);
     run_all(ctx, main, &mut all).await?;
+    let forwarders = forwarder_rows(rows);
+    let swept = sweep_sizes(opts, ctx, run_prefix, &forwarders, &mut all).await?;
     println!(
         "\n## Split cores: broker on CPU 0, forwarder on CPU 1; {} bodies, backlog {}, medians of {} round(s)\n",
         report::size_label(MAIN_SIZE),
@@ -167,8 +161,38 @@ pub async fn split(
         "{}",
         report::throughput(&all, rows, MAIN_SIZE, opts.backlog)
     );
+    if !forwarders.is_empty() && swept.len() > 1 {
+        println!("## Split cores: CPU per copy by body size (medians)\n");
+        println!("{}", report::sizes(&all, &swept));
+    }
     notes(&all);
     Ok(())
+}
+
+/// The forwarders (F1, F2) among `rows`.
+fn forwarder_rows(rows: &[Row]) -> Vec<Row> {
+    rows.iter().copied().filter(|r| r.is_forwarder()).collect()
+}
+
+/// Runs `forwarders` at every size of `--sizes` that the main runs did not
+/// cover; returns each size with its backlog.
+async fn sweep_sizes(
+    opts: &Opts,
+    ctx: &Arc<Ctx>,
+    run_prefix: &str,
+    forwarders: &[Row],
+    all: &mut Vec<Outcome>,
+) -> Result<Vec<(usize, u64)>, String> {
+    let mut swept = Vec::new();
+    for &size in &opts.sizes {
+        let backlog = opts.backlog_for(size);
+        if size != MAIN_SIZE || backlog != opts.backlog {
+            let sweep = plans(run_prefix, opts.rounds, forwarders, size, backlog);
+            run_all(ctx, sweep, all).await?;
+        }
+        swept.push((size, backlog));
+    }
+    Ok(swept)
 }
 
 /// `rounds` rounds of every row at every backlog (1 KiB bodies), in
