@@ -65,7 +65,7 @@ pub async fn default_run(
     let main = plans(run_prefix, opts.rounds, rows, MAIN_SIZE, opts.backlog);
     run_all(ctx, main, &mut all).await?;
 
-    let forwarders = forwarder_rows(rows);
+    let forwarders = process_rows(rows);
     let swept = sweep_sizes(opts, ctx, run_prefix, &forwarders, &mut all).await?;
     let mut memory = vec![(MAIN_SIZE, opts.backlog)];
     if !opts.no_memory && rows.contains(&Row::F2) {
@@ -126,7 +126,7 @@ pub async fn default_run(
     );
     if !forwarders.is_empty() {
         println!("## CPU per copy by body size (medians)\n");
-        println!("{}", report::sizes(&all, &swept));
+        println!("{}", report::sizes(&all, &forwarders, &swept));
     }
     if rows.contains(&Row::F2) {
         println!("## Memory\n");
@@ -149,7 +149,7 @@ pub async fn split(
     let mut all = Vec::new();
     let main = plans(run_prefix, opts.rounds, rows, MAIN_SIZE, opts.backlog);
     run_all(ctx, main, &mut all).await?;
-    let forwarders = forwarder_rows(rows);
+    let forwarders = process_rows(rows);
     let swept = sweep_sizes(opts, ctx, run_prefix, &forwarders, &mut all).await?;
     println!(
         "\n## Split cores: broker on CPU 0, forwarder on CPU 1; {} bodies, backlog {}, medians of {} round(s)\n",
@@ -163,15 +163,19 @@ pub async fn split(
     );
     if !forwarders.is_empty() && swept.len() > 1 {
         println!("## Split cores: CPU per copy by body size (medians)\n");
-        println!("{}", report::sizes(&all, &swept));
+        println!("{}", report::sizes(&all, &forwarders, &swept));
     }
     notes(&all);
     Ok(())
 }
 
-/// The forwarders (F1, F2) among `rows`.
-fn forwarder_rows(rows: &[Row]) -> Vec<Row> {
-    rows.iter().copied().filter(|r| r.is_forwarder()).collect()
+/// The rows among `rows` that forward in a process of their own (B1, F1,
+/// F2): the ones whose CPU per copy is measured by body size.
+fn process_rows(rows: &[Row]) -> Vec<Row> {
+    rows.iter()
+        .copied()
+        .filter(|r| r.is_forwarder() || *r == Row::B1)
+        .collect()
 }
 
 /// Runs `forwarders` at every size of `--sizes` that the main runs did not

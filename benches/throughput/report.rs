@@ -194,32 +194,36 @@ fn ratios(all: &[Outcome], size: usize, backlog: u64) -> String {
     out
 }
 
-/// F1 and F2 per body size.
-pub fn sizes(all: &[Outcome], sizes: &[(usize, u64)]) -> String {
-    let mut out = String::from(
-        "| body | backlog | F1 msgs/s | F1 forwarder µs/copy | F1 broker µs/copy | \
-         F2 msgs/s | F2 forwarder µs/copy | F2 broker µs/copy |\n\
-         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
-    );
-    for &(size, backlog) in sizes {
-        let f1 = stats(all, Row::F1, size, backlog);
-        let f2 = stats(all, Row::F2, size, backlog);
-        let cells = |s: &Option<Stats>| match s {
-            Some(s) => format!(
-                "{:.0} | {} | {}",
-                s.msgs,
-                num(s.forwarder_us, 1),
-                num(s.broker_us, 1)
-            ),
-            None => "— | — | —".to_owned(),
-        };
-        let _ = writeln!(
+/// `rows` (B1, F1, F2) per body size.
+pub fn sizes(all: &[Outcome], rows: &[Row], sizes: &[(usize, u64)]) -> String {
+    let mut out = String::from("| body | backlog |");
+    let mut rule = String::from("| --- | ---: |");
+    for row in rows {
+        let r = row.label();
+        let _ = write!(
             out,
-            "| {} | {backlog} | {} | {} |",
-            size_label(size),
-            cells(&f1),
-            cells(&f2)
+            " {r} msgs/s | {r} forwarder µs/copy | {r} broker µs/copy |"
         );
+        rule.push_str(" ---: | ---: | ---: |");
+    }
+    let _ = writeln!(out, "\n{rule}");
+    for &(size, backlog) in sizes {
+        let _ = write!(out, "| {} | {backlog} |", size_label(size));
+        for &row in rows {
+            match stats(all, row, size, backlog) {
+                Some(s) => {
+                    let _ = write!(
+                        out,
+                        " {:.0} | {} | {} |",
+                        s.msgs,
+                        num(s.forwarder_us, 1),
+                        num(s.broker_us, 1)
+                    );
+                }
+                None => out.push_str(" — | — | — |"),
+            }
+        }
+        out.push('\n');
     }
     out
 }

@@ -673,7 +673,9 @@ impl Actor {
 /// Normal publishes count from their call and are kept in the order they
 /// went out, which is their call order (to within the moment between
 /// taking the time and queueing the command). Suspects go out one at a
-/// time and count from when they leave.
+/// time and count from when they leave. The task sweeps between its other
+/// steps: while it opens a channel (itself bounded by `confirm_timeout`),
+/// an overdue publish is failed only once that is done.
 struct Deadlines {
     limit: Duration,
     normal: VecDeque<(Instant, u64)>,
