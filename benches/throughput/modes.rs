@@ -65,8 +65,8 @@ pub async fn default_run(
     let main = plans(run_prefix, opts.rounds, rows, MAIN_SIZE, opts.backlog);
     run_all(ctx, main, &mut all).await?;
 
-    let forwarders = process_rows(rows);
-    let swept = sweep_sizes(opts, ctx, run_prefix, &forwarders, &mut all).await?;
+    let by_size = process_rows(rows);
+    let swept = sweep_sizes(opts, ctx, run_prefix, &by_size, &mut all).await?;
     let mut memory = vec![(MAIN_SIZE, opts.backlog)];
     if !opts.no_memory && rows.contains(&Row::F2) {
         let large = (LARGE_SIZE, opts.backlog_for(LARGE_SIZE));
@@ -124,9 +124,9 @@ pub async fn default_run(
         "{}",
         report::throughput(&all, rows, MAIN_SIZE, opts.backlog)
     );
-    if !forwarders.is_empty() {
+    if !by_size.is_empty() {
         println!("## CPU per copy by body size (medians)\n");
-        println!("{}", report::sizes(&all, &forwarders, &swept));
+        println!("{}", report::sizes(&all, &by_size, &swept));
     }
     if rows.contains(&Row::F2) {
         println!("## Memory\n");
@@ -149,8 +149,8 @@ pub async fn split(
     let mut all = Vec::new();
     let main = plans(run_prefix, opts.rounds, rows, MAIN_SIZE, opts.backlog);
     run_all(ctx, main, &mut all).await?;
-    let forwarders = process_rows(rows);
-    let swept = sweep_sizes(opts, ctx, run_prefix, &forwarders, &mut all).await?;
+    let by_size = process_rows(rows);
+    let swept = sweep_sizes(opts, ctx, run_prefix, &by_size, &mut all).await?;
     println!(
         "\n## Split cores: broker on CPU 0, forwarder on CPU 1; {} bodies, backlog {}, medians of {} round(s)\n",
         report::size_label(MAIN_SIZE),
@@ -161,9 +161,9 @@ pub async fn split(
         "{}",
         report::throughput(&all, rows, MAIN_SIZE, opts.backlog)
     );
-    if !forwarders.is_empty() && swept.len() > 1 {
+    if !by_size.is_empty() && swept.len() > 1 {
         println!("## Split cores: CPU per copy by body size (medians)\n");
-        println!("{}", report::sizes(&all, &forwarders, &swept));
+        println!("{}", report::sizes(&all, &by_size, &swept));
     }
     notes(&all);
     Ok(())
@@ -178,20 +178,20 @@ fn process_rows(rows: &[Row]) -> Vec<Row> {
         .collect()
 }
 
-/// Runs `forwarders` at every size of `--sizes` that the main runs did not
+/// Runs `rows` at every size of `--sizes` that the main runs did not
 /// cover; returns each size with its backlog.
 async fn sweep_sizes(
     opts: &Opts,
     ctx: &Arc<Ctx>,
     run_prefix: &str,
-    forwarders: &[Row],
+    rows: &[Row],
     all: &mut Vec<Outcome>,
 ) -> Result<Vec<(usize, u64)>, String> {
     let mut swept = Vec::new();
     for &size in &opts.sizes {
         let backlog = opts.backlog_for(size);
         if size != MAIN_SIZE || backlog != opts.backlog {
-            let sweep = plans(run_prefix, opts.rounds, forwarders, size, backlog);
+            let sweep = plans(run_prefix, opts.rounds, rows, size, backlog);
             run_all(ctx, sweep, all).await?;
         }
         swept.push((size, backlog));
