@@ -145,5 +145,6 @@ fn startup_summary<'a>(
             dl.mode, dl.exchange, dl.routing_key
         ),
         admin: admin.map_or_else(|| "disabled".to_owned(), |a| a.to_string()),
+        sessions: config::Sessions::summary(settings.sessions.as_ref()),
     }
 }

@@ -110,7 +110,7 @@ fn summary(path: &std::path::Path, settings: &Settings) -> String {
         .admin_listen
         .map_or_else(|| "disabled".to_owned(), |a| a.to_string());
     format!(
-        "{}: ok\ninbound: {} on {} (prefetch {})\ndead letters: {} via exchange \"{}\" key \"{}\"\nbrokers: {}\nadmin: {admin}\nfilter table:\n{}",
+        "{}: ok\ninbound: {} on {} (prefetch {})\ndead letters: {} via exchange \"{}\" key \"{}\"\nbrokers: {}\nadmin: {admin}\nsessions: {}\nfilter table:\n{}",
         path.display(),
         settings.inbound.queue,
         settings.inbound.broker,
@@ -119,6 +119,7 @@ fn summary(path: &std::path::Path, settings: &Settings) -> String {
         settings.dead_letter.exchange,
         settings.dead_letter.routing_key,
         brokers.join(", "),
+        config::Sessions::summary(settings.sessions.as_ref()),
         settings.routing.summary()
     )
 }
@@ -155,9 +156,6 @@ fn run(settings: Settings, options: switchyard::Options, format: LogFormat) -> E
         Ok(Err(e)) => e.to_string(),
         Err(e) => format!("the forwarder task failed: {e}"),
     };
-    if format == LogFormat::Text {
-        tracing::error!(error = %error, "switchyard stopped");
-    }
     report(format, &error);
     ExitCode::from(EXIT_FAILURE)
 }
@@ -216,12 +214,7 @@ fn ensure_thread_stack() {
     {
         return;
     }
-    // Unlike the path in argv[0], this names the running binary even if it was moved.
-    let exe = if cfg!(target_os = "linux") {
-        Ok(std::path::PathBuf::from("/proc/self/exe"))
-    } else {
-        std::env::current_exe()
-    };
+    let exe = running_binary();
     let mut args = std::env::args_os();
     let arg0 = args.next().unwrap_or_else(|| "switchyard".into());
     let error = match exe {
@@ -238,6 +231,25 @@ fn ensure_thread_stack() {
         needed = THREAD_STACK,
         "cannot re-execute with {STACK_ENV} raised; a message with deeply nested headers may overflow a thread's stack"
     );
+}
+
+/// The path to re-execute: the running binary's own path, so the process
+/// keeps its name (the kernel names a process after the file it executes,
+/// and `pgrep switchyard` looks for that name). When that path no longer
+/// holds the running binary (it was moved, or replaced by an upgrade),
+/// `/proc/self/exe`, which always does, at the cost of the name `exe`.
+fn running_binary() -> std::io::Result<std::path::PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let path = std::env::current_exe()?;
+    if !cfg!(target_os = "linux") {
+        return Ok(path);
+    }
+    let running = std::path::PathBuf::from("/proc/self/exe");
+    let same_file = match (std::fs::metadata(&path), std::fs::metadata(&running)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    };
+    Ok(if same_file { path } else { running })
 }
 
 /// Logs to stderr in `format`, at the levels `RUST_LOG` asks for (info by

@@ -63,7 +63,9 @@ async fn json_logs_are_one_object_per_line_with_the_startup_summary() {
         .unwrap_or_else(|| panic!("a startup summary in {events:?}"));
     assert_eq!(text(start, "level"), "INFO");
     assert_eq!(text(start, "version"), env!("CARGO_PKG_VERSION"));
-    assert!(text(start, "config").ends_with(&format!("{p}.toml")));
+    let config = process.config_path().map(|path| path.display().to_string());
+    assert_eq!(Some(text(start, "config")), config.as_deref(), "{start:?}");
+    assert_eq!(text(start, "sessions"), "off", "{start:?}");
     assert!(
         text(start, "brokers").starts_with("main=amqp://guest:***@"),
         "{start:?}"

@@ -2,11 +2,14 @@
 //! running forwarder comes back with its dead-letter arguments; SIGHUP never
 //! kills the real binary; a broker that refuses the credentials or the
 //! vhost is named as such in the log, with nothing blamed on a key that is
-//! not at fault, and `--fail-fast` turns such a refusal into exit 1.
+//! not at fault, and `--fail-fast` turns such a refusal into exit 1; a
+//! broker that cannot be reached is logged once per connection attempt.
 
 mod support;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lapin::BasicProperties;
@@ -242,6 +245,63 @@ async fn a_vhost_without_permissions_is_named_in_the_log() {
     );
 }
 
+/// A broker that cannot be reached is logged once per connection attempt,
+/// naming the broker, its node and the next try, and nothing else is
+/// blamed for it: the listener here accepts each attempt and hangs up, and
+/// counts them.
+#[tokio::test]
+async fn an_unreachable_broker_is_logged_once_per_attempt() {
+    let p = unique_prefix("unreachable");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("bind: {e}"));
+    let addr = listener
+        .local_addr()
+        .unwrap_or_else(|e| panic!("local_addr: {e}"));
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let counted = attempts.clone();
+    let hang_up = tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            drop(socket);
+        }
+    });
+    let toml = seed_toml(&p, &base_toml(&p, "nack"))
+        .replace(&amqp_url(), &format!("amqp://guest:guest@{addr}/%2f"));
+    let mut process = Process::spawn(&p, &toml);
+    let logged = |log: &str| log.matches("broker unreachable").count();
+    wait_until(
+        "five attempts, each logged once",
+        DEFAULT_TIMEOUT,
+        || async {
+            let n = attempts.load(Ordering::SeqCst);
+            n >= 5 && logged(&process.log()) == n
+        },
+    )
+    .await;
+    process.signal("TERM");
+    assert_eq!(process.wait_exit(Duration::from_secs(10)).await, Some(0));
+    hang_up.abort();
+    let log = process.log();
+    for line in log.lines().filter(|l| l.contains("broker unreachable")) {
+        for field in [
+            "broker=\"main\"".to_owned(),
+            format!("node=\"{addr}\""),
+            "retry_in_ms=".to_owned(),
+        ] {
+            assert!(line.contains(&field), "{field} in {line}");
+        }
+    }
+    for misleading in [
+        "inbound broker not ready",
+        "dead_letter.exchange",
+        "inbound consumer lost",
+        "lapin",
+    ] {
+        assert!(!log.contains(misleading), "{misleading:?} in:\n{log}");
+    }
+}
+
 /// With `--fail-fast` a wrong password ends the process at start with exit
 /// 1 and the reason on stderr, for an orchestrator to act on.
 #[tokio::test]
@@ -261,5 +321,14 @@ async fn fail_fast_exits_1_on_a_wrong_password() {
     );
     assert!(!log.contains(&password), "the password is never logged");
     assert_names_only_the_refusal(&log);
+    // Said once as the attempt's error and once as the exit line, with no
+    // next try promised.
+    assert_eq!(
+        log.matches("authentication refused by broker main").count(),
+        2,
+        "{log}"
+    );
+    assert!(log.contains("not retrying (--fail-fast)"), "{log}");
+    assert!(!log.contains("retry_in_ms"), "{log}");
     assert!(support::rabbitmq_queues_with_prefix(&p).await.is_empty());
 }

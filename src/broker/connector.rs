@@ -19,7 +19,7 @@ use lapin::{Channel, Connection, ConnectionProperties, Event};
 use std::future::Future;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 use tokio::sync::{Mutex, watch};
 use tokio::time::{Instant, timeout};
@@ -94,6 +94,9 @@ pub struct Connector {
     blocking: Arc<watch::Sender<Blocking>>,
     /// The negotiated frame_max of the current connection; 0 before the first.
     frame_max: AtomicU32,
+    /// A refusal ends the run (`--fail-fast` at start): it is logged as
+    /// final, with no next try.
+    refusal_final: AtomicBool,
     telemetry: Telemetry,
 }
 
@@ -124,7 +127,23 @@ impl Connector {
                 since: Instant::now(),
             })),
             frame_max: AtomicU32::new(0),
+            refusal_final: AtomicBool::new(false),
             telemetry,
+        }
+    }
+
+    /// With `on`, a refused connection is logged as the end of the run
+    /// (the caller exits on it) rather than with its next try.
+    pub fn refusal_final(&self, on: bool) {
+        self.refusal_final.store(on, Ordering::Relaxed);
+    }
+
+    /// Returns once the backoff after a failed connect has run out, so that
+    /// the caller's next use makes a new attempt (at once when none failed).
+    pub async fn next_attempt(&self) {
+        let retry_at = self.state.lock().await.retry_at;
+        if let Some(at) = retry_at {
+            tokio::time::sleep_until(at).await;
         }
     }
 
@@ -200,12 +219,14 @@ impl Connector {
         }
         let properties = ConnectionProperties::default()
             .with_connection_name(self.connection_name.clone().into());
-        let attempt = timeout(CONNECT_TIMEOUT, super::tls::connect(&self.spec, properties));
-        let error = match attempt.await {
-            Ok(Ok(connection)) => {
+        let error = match connect_once(&self.spec, properties).await {
+            Ok(connection) => {
                 if state.failures > 0 {
-                    self.telemetry
-                        .broker_reconnected(&self.spec.name, &self.spec.redacted_uri());
+                    self.telemetry.broker_reconnected(
+                        &self.spec.name,
+                        &self.spec.node(),
+                        &self.spec.redacted_uri(),
+                    );
                 }
                 let connection = Arc::new(connection);
                 self.follow_blocking(&connection);
@@ -217,41 +238,33 @@ impl Connector {
                 };
                 return Ok(connection);
             }
-            Ok(Err(e)) if BrokerError::from_lapin(&e).fault() == Fault::Refused => {
-                let reason = refusal(&e, &self.spec);
-                self.telemetry.broker_refused(
-                    &self.spec.name,
-                    &self.spec.redacted_uri(),
-                    &reason,
-                    BACKOFF_MAX,
-                );
-                state.failures += 1;
-                state.retry_at = Some(Instant::now() + BACKOFF_MAX);
-                state.last_error = reason.clone();
-                state.refused = true;
-                return Err(ConnectError::Refused {
-                    broker: self.spec.name.clone(),
-                    reason,
-                });
-            }
-            Ok(Err(e)) => super::tls::failure(&e, &self.spec.name).unwrap_or_else(|| e.to_string()),
-            Err(_) => format!("no answer within {} s", CONNECT_TIMEOUT.as_secs()),
+            Err(error) => error,
         };
         state.failures += 1;
-        let delay = backoff(state.failures);
+        let refused = matches!(error, ConnectError::Refused { .. });
+        let delay = if refused {
+            BACKOFF_MAX
+        } else {
+            backoff(state.failures)
+        };
         state.retry_at = Some(Instant::now() + delay);
-        state.last_error = error.clone();
-        state.refused = false;
-        self.telemetry.broker_unreachable(
-            &self.spec.name,
-            &self.spec.redacted_uri(),
-            &error,
-            delay,
-        );
-        Err(ConnectError::Connect {
-            uri: self.spec.redacted_uri(),
-            reason: error,
-        })
+        state.refused = refused;
+        let (broker, node, uri) = (&self.spec.name, self.spec.node(), self.spec.redacted_uri());
+        let retry_in = (!(refused && self.refusal_final.load(Ordering::Relaxed))).then_some(delay);
+        match &error {
+            ConnectError::Refused { reason, .. } => {
+                state.last_error = reason.clone();
+                self.telemetry
+                    .broker_refused(broker, &node, &uri, reason, retry_in);
+            }
+            ConnectError::Connect { reason, .. } => {
+                state.last_error = reason.clone();
+                self.telemetry
+                    .broker_unreachable(broker, &node, &uri, reason, delay);
+            }
+            other => state.last_error = other.to_string(),
+        }
+        Err(error)
     }
 
     /// Follows `connection.blocked` / `unblocked` on a new connection; a new
@@ -351,6 +364,31 @@ pub async fn within_unblocked<F: Future>(
             }
         }
     }
+}
+
+/// One connection attempt to `spec`, bounded by [`CONNECT_TIMEOUT`]: a
+/// refusal of the credentials or the vhost says what to fix, a failed TLS
+/// handshake says so, anything else is a connect error naming the URI
+/// (password masked). Every connection of the crate is made here.
+pub async fn connect_once(
+    spec: &BrokerSpec,
+    properties: ConnectionProperties,
+) -> Result<Connection, ConnectError> {
+    let reason = match timeout(CONNECT_TIMEOUT, super::tls::connect(spec, properties)).await {
+        Ok(Ok(connection)) => return Ok(connection),
+        Ok(Err(e)) if BrokerError::from_lapin(&e).fault() == Fault::Refused => {
+            return Err(ConnectError::Refused {
+                broker: spec.name.clone(),
+                reason: refusal(&e, spec),
+            });
+        }
+        Ok(Err(e)) => super::tls::failure(&e, &spec.name).unwrap_or_else(|| e.to_string()),
+        Err(_) => format!("no answer within {} s", CONNECT_TIMEOUT.as_secs()),
+    };
+    Err(ConnectError::Connect {
+        uri: spec.redacted_uri(),
+        reason,
+    })
 }
 
 /// What a refused connection means, in words that say what to fix: the

@@ -85,6 +85,15 @@ fn vhost_address(uri: &str) -> Option<(String, u16, String)> {
     Some((host, parsed.authority.port, parsed.vhost))
 }
 
+/// The node `uri` names, as `host:port` with the scheme's default port
+/// when it names none; `?` for a URI that does not parse.
+pub fn node_of(uri: &str) -> String {
+    match lapin::uri::AMQPUri::from_str(uri) {
+        Ok(parsed) => format!("{}:{}", parsed.authority.host, parsed.authority.port),
+        Err(_) => "?".to_owned(),
+    }
+}
+
 /// `uri` with its password replaced by `***`.
 pub fn redact_uri(uri: &str) -> String {
     let Some((scheme, rest)) = uri.split_once("://") else {
@@ -107,7 +116,7 @@ fn redact_in(text: &str, uri: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{redact_uri, same_vhost, validate_uri};
+    use super::{node_of, redact_uri, same_vhost, validate_uri};
 
     #[test]
     fn redaction_hides_the_password_only() {
@@ -125,6 +134,20 @@ mod tests {
         ];
         for (uri, expected) in cases {
             assert_eq!(redact_uri(uri), expected);
+        }
+    }
+
+    #[test]
+    fn the_node_is_the_host_and_port_with_the_default_port_filled_in() {
+        let cases = [
+            ("amqp://guest:guest@127.0.0.1:5672/%2f", "127.0.0.1:5672"),
+            ("amqp://u:p@rabbit-2.internal/vh", "rabbit-2.internal:5672"),
+            ("amqps://u:p@rabbit/vh", "rabbit:5671"),
+            ("amqp://u:p@rabbit:5673/", "rabbit:5673"),
+            ("not a uri", "?"),
+        ];
+        for (uri, node) in cases {
+            assert_eq!(node_of(uri), node, "{uri}");
         }
     }
 

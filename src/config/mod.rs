@@ -12,7 +12,7 @@ pub use compile::compile;
 pub use error::{ConfigError, InvalidKey};
 pub use load::{CONFIG_ENV, DEFAULT_CONFIG_PATH, config_path, load, load_str};
 
-use crate::broker::redact_uri;
+use crate::broker::{node_of, redact_uri};
 use crate::routing::RoutingTable;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -61,6 +61,27 @@ pub struct Sessions {
     pub max_open: u32,
     /// How long a completed or dead-lettered session stays closed.
     pub closed_ttl: Duration,
+}
+
+impl Sessions {
+    /// `off`, or `on` with every setting by its configuration key, for the
+    /// startup line and `check`.
+    pub fn summary(sessions: Option<&Self>) -> String {
+        let Some(s) = sessions else {
+            return "off".to_owned();
+        };
+        format!(
+            "on (id_header \"{}\", end_header \"{}\", idle_timeout_ms {}, max_open {}, \
+             max_messages {}, max_bytes {}, closed_ttl_ms {})",
+            s.id_header,
+            s.end_header,
+            s.idle_timeout.as_millis(),
+            s.max_open,
+            s.max_messages,
+            s.max_bytes,
+            s.closed_ttl.as_millis()
+        )
+    }
 }
 
 /// The inbound queue.
@@ -222,6 +243,12 @@ impl BrokerSpec {
     /// The URI with its password masked, safe for logs.
     pub fn redacted_uri(&self) -> String {
         redact_uri(&self.uri)
+    }
+
+    /// The node the URI names, as `host:port` (the scheme's default port
+    /// when it names none), for logs.
+    pub fn node(&self) -> String {
+        node_of(&self.uri)
     }
 }
 

@@ -23,9 +23,12 @@ use super::deliver;
 use super::generation::Generation;
 use super::outcome::Verdict;
 use super::sessions;
-use crate::broker::{InboundChannel, Receipt, open_inbound, redeclare_inbound};
+use crate::broker::{
+    ConnectError, ConsumeError, InboundChannel, Receipt, open_inbound, redeclare_inbound,
+};
 use crate::envelope::Envelope;
 use crate::reload::Reload;
+use futures_util::future::Either;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -70,11 +73,26 @@ pub(super) async fn consume_until(
         let mut inbound = match opened {
             Ok(inbound) => inbound,
             Err(why) => {
-                telemetry.consumer_lost(queue, &why.to_string());
+                let connector = generation.consume_connector.0.clone();
+                let retry = match why {
+                    // Logged by the connector, with its next try: the one to wait for.
+                    ConsumeError::Connect(
+                        ConnectError::Refused { .. }
+                        | ConnectError::Connect { .. }
+                        | ConnectError::BackingOff { .. },
+                    ) => Either::Left(async move {
+                        connector.next_attempt().await;
+                    }),
+                    other => {
+                        telemetry.consumer_lost(queue, &other.to_string());
+                        Either::Right(tokio::time::sleep(delay))
+                    }
+                };
+                drop(generation);
                 // A reload may be what fixes the consumer: it is applied at once.
                 tokio::select! {
                     () = shutdown.cancelled() => return None,
-                    () = tokio::time::sleep(delay) => {}
+                    () = retry => {}
                     reload = next_reload(reloads) => {
                         if forwarder.reload(reload, shutdown).await {
                             // Transactions of a lost channel end soon; the bound holds meanwhile.

@@ -225,10 +225,9 @@ impl Forwarder {
                     self.telemetry.reload_rejected(&why);
                     return false;
                 }
-                Err(TopologyError::Unreachable(why) | TopologyError::Denied(why)) => {
-                    self.telemetry
-                        .endpoint_queue_undeclared(&endpoint.name, &why);
-                }
+                Err(why) => self
+                    .telemetry
+                    .endpoint_queue_undeclared(&endpoint.name, &why),
             }
         }
         if next.settings.worker_threads != current.settings.worker_threads {
@@ -248,35 +247,64 @@ impl Forwarder {
     }
 
     /// Declares what `generation` asks for, retrying while the broker
-    /// is unreachable or refuses the connection (the connector logs that,
-    /// with what to fix); a refused declaration is fatal, and so is a
-    /// refused connection with fail-fast.
+    /// is unreachable or refuses the connection (the connector logs each
+    /// attempt, with what to fix and when it tries next); a refused
+    /// declaration is fatal, and so is a refused connection with fail-fast.
     async fn prepare(
         &self,
         generation: &Generation,
         shutdown: &CancellationToken,
     ) -> Result<(), RunError> {
+        let connectors = || {
+            std::iter::once(&generation.consume_connector)
+                .chain(generation.publish_connectors.values())
+        };
+        for connector in connectors() {
+            connector.0.refusal_final(self.fail_fast);
+        }
+        let prepared = self.prepare_topology(generation, shutdown).await;
+        for connector in connectors() {
+            connector.0.refusal_final(false);
+        }
+        prepared
+    }
+
+    async fn prepare_topology(
+        &self,
+        generation: &Generation,
+        shutdown: &CancellationToken,
+    ) -> Result<(), RunError> {
         let settings = &generation.settings;
+        let connector = generation.topology_connector();
         let mut delay = Duration::from_millis(200);
         loop {
             let prepared = tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
-                prepared = prepare_inbound(generation.topology_connector(), settings) => prepared,
+                prepared = prepare_inbound(connector, settings) => prepared,
             };
-            match prepared {
+            let retry = match prepared {
                 Ok(()) => break,
                 Err(TopologyError::Refused(why)) => return Err(RunError::Topology(why)),
-                Err(TopologyError::Denied(why)) if self.fail_fast => {
-                    return Err(RunError::Refused(why));
+                Err(TopologyError::NoConnection(ConnectError::Refused { reason, .. }))
+                    if self.fail_fast =>
+                {
+                    return Err(RunError::Refused(reason));
                 }
-                Err(TopologyError::Denied(_)) => {}
-                Err(TopologyError::Unreachable(why)) => self.telemetry.startup_retry(&why, delay),
-            }
+                // Logged by the connector, with its next try: the one to wait for.
+                Err(TopologyError::NoConnection(_)) => {
+                    futures_util::future::Either::Left(connector.next_attempt())
+                }
+                Err(TopologyError::Unreachable(why)) => {
+                    self.telemetry.startup_retry(&why, delay);
+                    let sleep = tokio::time::sleep(delay);
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                    futures_util::future::Either::Right(sleep)
+                }
+            };
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
-                () = tokio::time::sleep(delay) => {}
+                () = retry => {}
             }
-            delay = (delay * 2).min(Duration::from_secs(5));
         }
         if self.fail_fast {
             refuse_fast(generation).await?;
@@ -289,13 +317,14 @@ impl Forwarder {
             match declare_endpoint_queue(connector, endpoint).await {
                 Ok(()) => {}
                 Err(TopologyError::Refused(why)) => return Err(RunError::Topology(why)),
-                Err(TopologyError::Denied(why)) if self.fail_fast => {
-                    return Err(RunError::Refused(why));
+                Err(TopologyError::NoConnection(ConnectError::Refused { reason, .. }))
+                    if self.fail_fast =>
+                {
+                    return Err(RunError::Refused(reason));
                 }
-                Err(TopologyError::Unreachable(why) | TopologyError::Denied(why)) => {
-                    self.telemetry
-                        .endpoint_queue_undeclared(&endpoint.name, &why);
-                }
+                Err(why) => self
+                    .telemetry
+                    .endpoint_queue_undeclared(&endpoint.name, &why),
             }
         }
         Ok(())

@@ -84,6 +84,8 @@ pub struct StartupSummary<'a> {
     pub dead_letter: String,
     /// The admin listener's address, or `disabled`.
     pub admin: String,
+    /// `off`, or `on` with every `[sessions]` setting.
+    pub sessions: String,
 }
 
 impl Telemetry {
@@ -117,6 +119,7 @@ impl Telemetry {
             branches = summary.branches.as_str(),
             dead_letter = summary.dead_letter.as_str(),
             admin = summary.admin.as_str(),
+            sessions = summary.sessions.as_str(),
             "starting"
         );
     }
@@ -293,10 +296,19 @@ impl Telemetry {
         );
     }
 
-    /// A broker could not be reached.
-    pub fn broker_unreachable(&self, broker: &str, uri: &str, error: &str, retry_in: Duration) {
+    /// A connection attempt to a broker's node failed; the next one is in
+    /// `retry_in`.
+    pub fn broker_unreachable(
+        &self,
+        broker: &str,
+        node: &str,
+        uri: &str,
+        error: &str,
+        retry_in: Duration,
+    ) {
         tracing::warn!(
             broker,
+            node,
             uri,
             error,
             retry_in_ms = millis(retry_in),
@@ -305,20 +317,38 @@ impl Telemetry {
     }
 
     /// A broker is reachable again.
-    pub fn broker_reconnected(&self, broker: &str, uri: &str) {
-        tracing::info!(broker, uri, "broker reconnected");
+    pub fn broker_reconnected(&self, broker: &str, node: &str, uri: &str) {
+        tracing::info!(broker, node, uri, "broker reconnected");
     }
 
     /// A broker refused the credentials or the vhost: only a configuration
-    /// (or broker) change helps; `reason` says what to fix.
-    pub fn broker_refused(&self, broker: &str, uri: &str, reason: &str, retry_in: Duration) {
-        tracing::error!(
-            broker,
-            uri,
-            reason,
-            retry_in_ms = millis(retry_in),
-            "broker refused the connection"
-        );
+    /// (or broker) change helps; `reason` says what to fix. `retry_in` is
+    /// the next try, `None` when the run ends on it (`--fail-fast`).
+    pub fn broker_refused(
+        &self,
+        broker: &str,
+        node: &str,
+        uri: &str,
+        reason: &str,
+        retry_in: Option<Duration>,
+    ) {
+        match retry_in {
+            Some(retry_in) => tracing::error!(
+                broker,
+                node,
+                uri,
+                reason,
+                retry_in_ms = millis(retry_in),
+                "broker refused the connection"
+            ),
+            None => tracing::error!(
+                broker,
+                node,
+                uri,
+                reason,
+                "broker refused the connection; not retrying (--fail-fast)"
+            ),
+        }
     }
 
     /// A broker blocked publishing (resource alarm): publishes wait,

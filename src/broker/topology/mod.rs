@@ -38,17 +38,18 @@ const OP_TIMEOUT: Duration = Duration::from_secs(10);
 /// A startup declaration failed.
 #[derive(Debug, thiserror::Error)]
 pub enum TopologyError {
-    /// The broker could not be reached; worth retrying.
+    /// No connection to the broker, so nothing was declared: it cannot be
+    /// reached, or it refuses the credentials or the vhost
+    /// ([`ConnectError::Refused`]). The connector has logged the attempt.
+    #[error(transparent)]
+    NoConnection(ConnectError),
+    /// A declaration was not answered, or its channel failed; worth retrying.
     #[error("{0}")]
     Unreachable(String),
     /// The broker refused: the configuration and the broker disagree. Not
     /// worth retrying; the message says what to change.
     #[error("{0}")]
     Refused(String),
-    /// The broker refused the connection itself (credentials, vhost): no
-    /// declaration was tried. The message names the broker and what to fix.
-    #[error("{0}")]
-    Denied(String),
 }
 
 /// Declares (or, with `inbound.declare = false`, verifies) the dead-letter
@@ -234,17 +235,17 @@ async fn passive_queue(connector: &Connector, queue: &str) -> Result<u32, Op> {
 
 /// How one declaration ended.
 enum Op {
+    /// No connection: nothing was declared.
+    NoConnection(ConnectError),
     Unreachable(String),
     Refused(u16, String),
-    /// The connection was refused; nothing was declared.
-    Denied(String),
 }
 
 impl Op {
     fn into_error(self, what: &str) -> TopologyError {
         match self {
+            Op::NoConnection(e) => TopologyError::NoConnection(e),
             Op::Unreachable(why) => TopologyError::Unreachable(format!("{what}: {why}")),
-            Op::Denied(why) => TopologyError::Denied(why),
             Op::Refused(code, text) => {
                 TopologyError::Refused(format!("{what}: refused by the broker ({code} {text})"))
             }
@@ -270,8 +271,10 @@ where
         .channel(confirm, OP_TIMEOUT)
         .await
         .map_err(|e| match e {
-            ConnectError::Refused { reason, .. } => Op::Denied(reason),
-            other => Op::Unreachable(other.to_string()),
+            ConnectError::Channel(_) | ConnectError::ChannelTimeout(_) => {
+                Op::Unreachable(e.to_string())
+            }
+            _ => Op::NoConnection(e),
         })?;
     // A probe publish waits out a resource alarm rather than timing out.
     let result = within_unblocked(op(channel.clone()), OP_TIMEOUT, connector.blocking())
