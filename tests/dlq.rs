@@ -17,8 +17,8 @@ use std::process::{Output, Stdio};
 use std::time::{SystemTime, UNIX_EPOCH};
 use support::harness::{InProcess, base_toml, endpoint_toml};
 use support::{
-    BULK_TIMEOUT, DEFAULT_TIMEOUT, Message, TestBroker, amqp_str, amqp_url, delete_all_with_prefix,
-    ready_unacked, unique_prefix, wait_until,
+    BULK_TIMEOUT, DEFAULT_TIMEOUT, Message, TestBroker, amqp_addr, amqp_str, amqp_url,
+    delete_all_with_prefix, ready_unacked, unique_prefix, wait_until,
 };
 
 /// The keys of every `dlq inspect --json` object (README, "Dead-letter queue").
@@ -868,11 +868,47 @@ async fn usage_and_configuration_errors_are_one_line_with_exit_2() {
         );
     }
 
-    // A dead-letter queue missing on the broker is not a usage error.
+    // A dead-letter queue missing on the broker is not a usage error; the
+    // line says what creates it.
     let out = dlq(&config, &["inspect"]).await;
     assert_eq!(out.status.code(), Some(1));
     let line = one_line(&out);
-    assert!(line.contains("does not exist"), "{line}");
+    assert!(
+        line.contains("does not exist") && line.contains("start `switchyard run` once"),
+        "{line}"
+    );
+
+    // Connection failures are classified and worded as `run` words them.
+    let with_uri = |name: &str, uri: &str| {
+        let toml = mixed_toml(&p, "republish").replace(&amqp_url(), uri);
+        ConfigFile::new(&format!("{p}-{name}"), &toml)
+    };
+    let password = format!("not-the-password-{}", &p[p.len() - 8..]);
+    let wrong_password = with_uri(
+        "password",
+        &format!("amqp://guest:{password}@{}/%2f", amqp_addr()),
+    );
+    let nothing_listens = with_uri("port", "amqp://guest:guest@127.0.0.1:1/%2f");
+    for command in ["inspect", "redrive"] {
+        let out = dlq(&wrong_password, &[command]).await;
+        assert_eq!(out.status.code(), Some(1));
+        let line = one_line(&out);
+        assert!(
+            line.starts_with(
+                "switchyard: broker \"main\" refused the connection: authentication refused \
+                 by broker main: check the user and password in brokers.main.uri"
+            ),
+            "{line}"
+        );
+        assert!(!line.contains(&password), "{line}");
+        let out = dlq(&nothing_listens, &[command]).await;
+        assert_eq!(out.status.code(), Some(1));
+        let line = one_line(&out);
+        assert!(
+            line.starts_with("switchyard: cannot connect to amqp://guest:***@127.0.0.1:1/%2f: "),
+            "never connected, so not \"connection lost\": {line}"
+        );
+    }
 
     let help = switchyard()
         .args(["dlq", "--help"])

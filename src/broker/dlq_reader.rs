@@ -10,6 +10,7 @@
 //! content and order. If the process dies instead, the broker does the same
 //! when the connection drops.
 
+use super::connector::{ConnectError, connect_once};
 use super::error::{BrokerError, Fault};
 use super::{FieldTable, Properties};
 use crate::config::BrokerSpec;
@@ -29,18 +30,16 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Reading the dead-letter queue failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
-    /// No connection to the broker.
-    #[error("cannot connect to broker \"{broker}\" ({uri}): {reason}")]
-    Connect {
-        /// The broker's name.
-        broker: String,
-        /// Its URI, password masked.
-        uri: String,
-        /// Why.
-        reason: String,
-    },
+    /// No connection to the broker: unreachable, or it refuses the
+    /// credentials or the vhost (said as `run` says it, with what to fix).
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
     /// The dead-letter queue does not exist.
-    #[error("dead_letter.queue \"{queue}\" does not exist on broker \"{broker}\"")]
+    #[error(
+        "dead_letter.queue \"{queue}\" does not exist on broker \"{broker}\": start \
+         `switchyard run` once with this configuration (it declares the queue when \
+         inbound.declare = true), or fix dead_letter.queue"
+    )]
     Missing {
         /// The queue.
         queue: String,
@@ -107,21 +106,7 @@ impl DlqReader {
     ) -> Result<(Self, u32), ReadError> {
         let properties = ConnectionProperties::default()
             .with_connection_name(format!("{instance}/dlq/{}", spec.name).into());
-        let connect_error = |reason: String| ReadError::Connect {
-            broker: spec.name.clone(),
-            uri: spec.redacted_uri(),
-            reason,
-        };
-        let connection = match tokio::time::timeout(
-            OP_TIMEOUT,
-            Connection::connect(spec.secret_uri(), properties),
-        )
-        .await
-        {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => return Err(connect_error(BrokerError::from_lapin(&e).to_string())),
-            Err(_) => return Err(connect_error("no answer within 30 s".to_owned())),
-        };
+        let connection = connect_once(spec, properties).await?;
         let channel = bounded("opening a channel", connection.create_channel()).await?;
         let options = QueueDeclareOptions {
             passive: true,
