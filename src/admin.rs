@@ -34,12 +34,31 @@ const DRAIN: Duration = Duration::from_secs(1);
 
 /// Why the admin endpoint cannot listen.
 #[derive(Debug, thiserror::Error)]
-#[error("admin.listen {addr}: cannot listen: {source}")]
+#[error("admin.listen {addr}: cannot listen: {source}{}", hint(source))]
 pub struct AdminError {
     /// The address asked for.
     addr: String,
     /// What the system said.
     source: std::io::Error,
+}
+
+/// What to do about an address that cannot be listened on.
+fn hint(error: &std::io::Error) -> &'static str {
+    match error.kind() {
+        std::io::ErrorKind::AddrInUse => {
+            "; another process listens there (a second switchyard on this host?): give this \
+             instance its own port with admin.listen or SWITCHYARD__ADMIN__LISTEN (e.g. \
+             SWITCHYARD__ADMIN__LISTEN=127.0.0.1:9091), or leave admin.listen out to disable it"
+        }
+        std::io::ErrorKind::AddrNotAvailable => {
+            "; no interface of this host has that address: use 127.0.0.1, 0.0.0.0 or one of \
+             its own addresses"
+        }
+        std::io::ErrorKind::PermissionDenied => {
+            "; ports below 1024 need privileges: use a port of 1024 or above"
+        }
+        _ => "",
+    }
 }
 
 /// A bound admin listener, not serving yet.

@@ -3,7 +3,8 @@
 //! `/metrics` in the Prometheus text format with every documented metric
 //! moving as messages are forwarded, fail over and are dead-lettered. Each
 //! forwarder has its own metrics, so the counts are exact even with other
-//! tests' forwarders running in this process.
+//! tests' forwarders running in this process. A second instance on the
+//! first one's admin port is told what to change.
 
 mod support;
 
@@ -11,7 +12,7 @@ use lapin::BasicProperties;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
-use support::harness::{InProcess, base_toml, endpoint_toml};
+use support::harness::{InProcess, Process, base_toml, endpoint_toml, seed_toml, wait_consumers};
 use support::{
     BlackHole, DEFAULT_TIMEOUT, FaultProxy, HttpResponse, Message, Metrics, TestBroker, amqp_addr,
     amqp_str, delete_all_with_prefix, field_table, http_get, http_request, unique_prefix, wait_for,
@@ -342,4 +343,78 @@ async fn not_ready_until_consuming() {
         .unwrap_or_else(|_| panic!("stops while the broker is unreachable"))
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(http_get(addr, "/healthz").await.is_err());
+}
+
+/// A free loopback port, released for the process that will listen on it.
+fn free_port() -> u16 {
+    admin_listener().1.port()
+}
+
+/// A second instance on the same host and configuration cannot take the
+/// first one's admin port: it exits 1 with a line that says what to
+/// change. Following that advice (and the operations guide's), both run
+/// side by side as competing consumers, each message forwarded once.
+#[tokio::test]
+async fn a_second_instance_is_told_how_to_share_the_host() {
+    let p = unique_prefix("second-instance");
+    let broker = TestBroker::connect(&p).await;
+    let inbound = format!("{p}.in");
+    let port = free_port();
+    let toml = format!(
+        "{}\n[admin]\nlisten = \"127.0.0.1:{port}\"\n",
+        seed_toml(&p, &base_toml(&p, "nack"))
+    );
+    let first = Process::spawn(&format!("{p}-a"), &toml);
+    wait_consumers(&broker, &inbound, 1).await;
+
+    let mut second = Process::spawn(&format!("{p}-b"), &toml);
+    assert_eq!(second.wait_exit(DEFAULT_TIMEOUT).await, Some(1));
+    let log = second.log();
+    let last = log.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with(&format!(
+            "switchyard: admin.listen 127.0.0.1:{port}: cannot listen: Address already in use"
+        )) && last.contains("SWITCHYARD__ADMIN__LISTEN"),
+        "{log}"
+    );
+
+    let other_port = free_port().to_string();
+    let listen = format!("127.0.0.1:{other_port}");
+    let name = format!("{p}-b");
+    let second = Process::spawn_with(
+        &format!("{p}-c"),
+        &toml,
+        &[],
+        &[
+            ("SWITCHYARD__NAME", name.as_str()),
+            ("SWITCHYARD__ADMIN__LISTEN", listen.as_str()),
+        ],
+    );
+    wait_consumers(&broker, &inbound, 2).await;
+    for addr in [port.to_string(), other_port] {
+        let addr: SocketAddr = format!("127.0.0.1:{addr}")
+            .parse()
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(get(addr, "/healthz").await.status, 200);
+    }
+    let bodies: Vec<String> = (0..40).map(|i| format!("m{i}")).collect();
+    broker
+        .publish_many("", &inbound, bodies.iter(), BasicProperties::default())
+        .await;
+    for queue in ["service", "logging"] {
+        let queue = format!("{p}.{queue}");
+        broker.await_count(&queue, 40, DEFAULT_TIMEOUT).await;
+        let mut got: Vec<String> = broker
+            .get_all(&queue)
+            .await
+            .iter()
+            .map(Message::body_str)
+            .collect();
+        got.sort();
+        let mut want = bodies.clone();
+        want.sort();
+        assert_eq!(got, want, "{queue}: each message once");
+    }
+    drop((first, second));
+    delete_all_with_prefix(&p).await;
 }
