@@ -36,10 +36,12 @@ pub enum Command {
     /// confirmed copy of every message to each matching branch, acking it
     /// only when every copy is confirmed and dead-lettering it otherwise.
     /// SIGINT or SIGTERM stops consuming, lets the messages in flight finish
-    /// (up to shutdown_timeout_ms) and exits; SIGHUP is logged and changes
-    /// nothing. Any configuration key can be overridden from the environment
-    /// as SWITCHYARD__SECTION__KEY; RUST_LOG sets the log level (default
-    /// info). Logs go to stderr.
+    /// (up to shutdown_timeout_ms) and exits 0. SIGHUP, or a change of the
+    /// file on disk, reloads the configuration: a valid one routes every
+    /// message consumed from then on, an invalid one is logged and changes
+    /// nothing; the process never exits on SIGHUP. Any configuration key can
+    /// be overridden from the environment as SWITCHYARD__SECTION__KEY;
+    /// RUST_LOG sets the log level (default info). Logs go to stderr.
     ///
     /// Exit codes: 0 stopped by SIGINT or SIGTERM, 2 invalid configuration
     /// or usage, 1 the broker refused the declared topology or another
@@ -84,6 +86,9 @@ pub enum Dlq {
     /// body; for a dead letter only the broker annotated (nack mode), its
     /// x-death entries. Every message read is handed back to the queue in
     /// its original position.
+    ///
+    /// Exit codes: 0 listed, 2 invalid configuration or usage, 1 the broker
+    /// could not be reached or the queue read.
     Inspect {
         /// Which dead letters.
         #[command(flatten)]
@@ -98,6 +103,10 @@ pub enum Dlq {
     /// removed, with x-switchyard-only set to the branches it failed on, so
     /// branches it already reached get no duplicate. Killed midway it loses
     /// nothing; at most the message in hand is duplicated.
+    ///
+    /// Exit codes: 0 redriven, 2 invalid configuration or usage, 1 the
+    /// broker could not be reached, refused a copy, or the redrive was
+    /// interrupted.
     Redrive {
         /// Which dead letters (default: all).
         #[command(flatten)]
