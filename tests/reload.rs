@@ -316,18 +316,15 @@ async fn wait_log(process: &mut Process, parts: &[&str], n: usize) {
     );
 }
 
-/// The configuration file a [`Process`] for `prefix` runs on.
-fn config_file(prefix: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("{prefix}.toml"))
-}
-
-/// Writes `toml` next to the configuration file and renames it over it, as
-/// an editor's save does.
-fn save_by_rename(prefix: &str, toml: &str) {
-    let target = config_file(prefix);
+/// Writes `toml` next to the configuration file `process` runs on and
+/// renames it over it, as an editor's save does.
+fn save_by_rename(process: &Process, toml: &str) {
+    let Some(target) = process.config_path() else {
+        panic!("the forwarder runs on a configuration file");
+    };
     let staged = target.with_extension("toml.new");
     std::fs::write(&staged, toml).unwrap();
-    std::fs::rename(&staged, &target).unwrap();
+    std::fs::rename(&staged, target).unwrap();
 }
 
 #[tokio::test]
@@ -366,7 +363,6 @@ async fn the_binary_reloads_on_sighup_even_before_it_consumes_and_never_exits() 
     assert_eq!(process.wait_exit(Duration::from_secs(15)).await, Some(0));
     broker.close().await;
     delete_all_with_prefix(&p).await;
-    let _ = std::fs::remove_file(config_file(&p));
 }
 
 #[tokio::test]
@@ -384,7 +380,7 @@ async fn the_binary_reloads_a_file_renamed_over_its_configuration_and_rejects_an
         .await_count(&format!("{p}.one"), 1, DEFAULT_TIMEOUT)
         .await;
 
-    save_by_rename(&p, &to_queue(&p, &top, "svc", "two"));
+    save_by_rename(&process, &to_queue(&p, &top, "svc", "two"));
     wait_log(
         &mut process,
         &["routing configuration live", "generation=2"],
@@ -400,7 +396,7 @@ async fn the_binary_reloads_a_file_renamed_over_its_configuration_and_rejects_an
 
     // Routes to queue three, but with a prefetch out of range.
     let invalid = to_queue(&p, &top, "svc", "three").replace("prefetch = 500", "prefetch = 0");
-    save_by_rename(&p, &invalid);
+    save_by_rename(&process, &invalid);
     wait_log(
         &mut process,
         &["configuration reload rejected", "inbound.prefetch"],
@@ -421,7 +417,6 @@ async fn the_binary_reloads_a_file_renamed_over_its_configuration_and_rejects_an
     assert_eq!(process.wait_exit(Duration::from_secs(15)).await, Some(0));
     broker.close().await;
     delete_all_with_prefix(&p).await;
-    let _ = std::fs::remove_file(config_file(&p));
 }
 
 /// Whether a connection named exactly `name` is open on the broker.

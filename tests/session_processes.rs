@@ -379,7 +379,11 @@ async fn consistent_hash_scale_out_keeps_each_session_on_one_forwarder() {
         )
         .await
         .unwrap_or_else(|e| {
-            panic!("declare x-consistent-hash exchange (is the plugin enabled?): {e}")
+            panic!(
+                "cannot declare an x-consistent-hash exchange: this test needs the plugin on \
+                 the shared broker (`rabbitmq-plugins enable rabbitmq_consistent_hash_exchange`, \
+                 as .ci/run does): {e}"
+            )
         });
 
     let mut forwarders = Vec::new();

@@ -463,9 +463,8 @@ async fn forwarder(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
         .chain(dead_letters.map(|dlq| (dlq, 0)))
         .collect();
     notes.extend(check(broker, &expected).await);
-    if notes.is_empty() {
-        process.remove_files();
-    } else if code == Some(0) {
+    if !notes.is_empty() && code == Some(0) {
+        process.keep_files();
         notes.push(format!("its log is kept: {}", process.log_path.display()));
     }
     Outcome {

@@ -261,6 +261,8 @@ pub struct Process {
     pub log_path: std::path::PathBuf,
     /// The configuration file it was started on, if any.
     config_path: Option<std::path::PathBuf>,
+    /// Keep both files when it is dropped ([`Process::keep_files`]).
+    keep: bool,
 }
 
 impl Process {
@@ -295,7 +297,9 @@ impl Process {
         env: &[(&str, &str)],
         wrap: Wrap<'_>,
     ) -> Self {
-        let config_path = std::env::temp_dir().join(format!("{prefix}.toml"));
+        // A file of its own: another process of the same test may start
+        // on the same prefix while this one still runs.
+        let config_path = std::env::temp_dir().join(format!("{prefix}-{}.toml", uuid_suffix()));
         std::fs::write(&config_path, toml).unwrap_or_else(|e| panic!("write config: {e}"));
         let (global, local): (Vec<&str>, Vec<&str>) =
             args.iter().partition(|a| a.starts_with("--log-format"));
@@ -361,7 +365,14 @@ impl Process {
             child,
             log_path,
             config_path: None,
+            keep: false,
         }
+    }
+
+    /// The configuration file it runs on (the forwarder reloads it when it
+    /// changes); `None` for another program.
+    pub fn config_path(&self) -> Option<&std::path::Path> {
+        self.config_path.as_deref()
     }
 
     /// The path of the binary [`Process::spawn`] runs.
@@ -397,6 +408,12 @@ impl Process {
             let _ = std::fs::remove_file(config_path);
         }
         let _ = std::fs::remove_file(&self.log_path);
+    }
+
+    /// Keeps the configuration and log files when it is dropped, for a
+    /// caller that reports them.
+    pub fn keep_files(&mut self) {
+        self.keep = true;
     }
 
     /// Sends `signal` (e.g. "KILL", "TERM") to the process.
@@ -443,9 +460,27 @@ impl Process {
 }
 
 impl Drop for Process {
+    /// Kills the process if it still runs. Its configuration and log are
+    /// removed, unless the test is failing: then they are kept, and their
+    /// paths printed with the test's output.
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if self.keep {
+            return;
+        }
+        if std::thread::panicking() {
+            eprintln!(
+                "kept for the failed test: log {}{}",
+                self.log_path.display(),
+                self.config_path
+                    .as_ref()
+                    .map(|p| format!(", configuration {}", p.display()))
+                    .unwrap_or_default()
+            );
+        } else {
+            self.remove_files();
+        }
     }
 }
 
