@@ -1,0 +1,515 @@
+//! The README's quick start, two-minute walkthrough and sessions
+//! walkthrough, run as a reader runs them: each `sh` block of those
+//! sections as written, through the real `rabbitmqadmin` and
+//! `rabbitmqctl`, from the repository's root, with the state the README
+//! states checked after each step. They run in both orders (the
+//! walkthrough before and after the sessions walkthrough), starting clean
+//! as the README says, so neither depends on the other.
+//!
+//! They run on a private node with the management plugin. Small wrappers
+//! first on `PATH` point the tools at it and nothing else: `rabbitmqctl`
+//! gets `-n NODE`, `rabbitmqadmin` the node's management port, `switchyard`
+//! (the binary under test) the node's URI and a free admin port, and
+//! `cargo run --release -- ARGS` runs that `switchyard ARGS`.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+use support::harness::Process;
+use support::{NodeSetup, PrivateNode, wait_until};
+
+const REPO: &str = env!("CARGO_MANIFEST_DIR");
+/// A step's effects, or a forwarder's start, may take this long.
+const STEP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The `sh` blocks of the README section whose heading starts with `heading`.
+fn blocks(heading: &str) -> Vec<String> {
+    let readme = std::fs::read_to_string(Path::new(REPO).join("README.md"))
+        .unwrap_or_else(|e| panic!("README.md: {e}"));
+    let start = readme
+        .find(&format!("\n## {heading}"))
+        .unwrap_or_else(|| panic!("no section {heading:?} in README.md"));
+    let section = &readme[start + 1..];
+    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |i| i + 3)];
+    let mut blocks = Vec::new();
+    let mut rest = section;
+    while let Some(open) = rest.find("```sh\n") {
+        let body = &rest[open + 6..];
+        let close = body
+            .find("\n```")
+            .unwrap_or_else(|| panic!("unclosed block in {heading:?}"));
+        blocks.push(body[..close].to_owned());
+        rest = &body[close + 4..];
+    }
+    blocks
+}
+
+/// The node, the wrappers that point the tools at it, and the forwarder a
+/// step started.
+struct Tour {
+    node: PrivateNode,
+    bin: PathBuf,
+    forwarder: Option<Forwarder>,
+}
+
+/// A forwarder a step started, and its log; killed if the test fails.
+struct Forwarder {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Drop for Forwarder {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let group = format!("-{}", self.child.id());
+            let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
+            let _ = self.child.wait();
+            eprintln!("forwarder log kept: {}", self.log.display());
+        } else {
+            let _ = std::fs::remove_file(&self.log);
+        }
+    }
+}
+
+/// `(messages, messages_unacknowledged)` by queue name.
+type Queues = BTreeMap<String, (u64, u64)>;
+
+impl Tour {
+    async fn start() -> Tour {
+        let setup = NodeSetup {
+            plugins: vec!["rabbitmq_management".to_owned()],
+            ..NodeSetup::default()
+        };
+        let node = PrivateNode::start_with(setup, |port| {
+            format!("management.tcp.port = {port}\nmanagement.tcp.ip = 127.0.0.1\n")
+        })
+        .await;
+        let bin =
+            std::env::temp_dir().join(format!("{}-bin", support::unique_prefix("walkthrough")));
+        std::fs::create_dir_all(&bin).unwrap_or_else(|e| panic!("{}: {e}", bin.display()));
+        let admin_port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap_or_else(|e| panic!("a free port: {e}"))
+            .port();
+        let wrappers = [
+            (
+                "rabbitmqctl",
+                format!(
+                    "exec {} -n {} \"$@\"",
+                    real("rabbitmqctl").display(),
+                    node.node_name()
+                ),
+            ),
+            (
+                "rabbitmqadmin",
+                format!(
+                    "exec {} -P {} \"$@\"",
+                    real("rabbitmqadmin").display(),
+                    node.extra_port()
+                ),
+            ),
+            (
+                "switchyard",
+                format!(
+                    "export SWITCHYARD__BROKERS__MAIN__URI={}\n\
+                     export SWITCHYARD__ADMIN__LISTEN=127.0.0.1:{admin_port}\n\
+                     exec {} \"$@\"",
+                    node.amqp_url(),
+                    Process::binary()
+                ),
+            ),
+            (
+                "cargo",
+                "if [ \"$1 $2 $3\" = \"run --release --\" ]; then shift 3; exec switchyard \"$@\"; fi\n\
+                 echo \"only cargo run --release -- is wrapped\" >&2; exit 2"
+                    .to_owned(),
+            ),
+        ];
+        for (name, body) in wrappers {
+            let path = bin.join(name);
+            std::fs::write(&path, format!("#!/bin/sh\n{body}\n"))
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let chmod = Command::new("chmod").arg("+x").arg(&path).status();
+            assert!(chmod.is_ok_and(|s| s.success()), "chmod {}", path.display());
+        }
+        let tour = Tour {
+            node,
+            bin,
+            forwarder: None,
+        };
+        wait_until("the management API answers", STEP_TIMEOUT, || async {
+            tour.shell("rabbitmqadmin list queues").status.success()
+        })
+        .await;
+        tour
+    }
+
+    /// `script` run by bash from the repository's root, the wrappers first
+    /// on `PATH`, with no `SWITCHYARD*` variable of the test's own.
+    fn command(&self, script: &str) -> Command {
+        let mut cmd = Command::new("bash");
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("SWITCHYARD") {
+                cmd.env_remove(key);
+            }
+        }
+        let path = format!(
+            "{}:{}",
+            self.bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        cmd.arg("-c")
+            .arg(script)
+            .current_dir(REPO)
+            .env("PATH", path)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    fn shell(&self, script: &str) -> Output {
+        self.command(script)
+            .output()
+            .unwrap_or_else(|e| panic!("bash: {e}"))
+    }
+
+    /// Runs a block that must succeed; returns its stdout.
+    fn step(&self, block: &str) -> String {
+        let out = self.shell(block);
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{block}\nexit {:?}\nstdout: {stdout}\nstderr: {stderr}",
+            out.status.code()
+        );
+        stdout
+    }
+
+    /// Starts the forwarder as `block` does (in the reader's other
+    /// terminal) and waits until it consumes.
+    async fn start_forwarder(&mut self, block: &str) {
+        assert!(self.forwarder.is_none(), "one forwarder at a time");
+        assert!(block.contains(" run"), "not a start: {block}");
+        let log = std::env::temp_dir().join(format!(
+            "{}.log",
+            support::unique_prefix("walkthrough-forwarder")
+        ));
+        let file = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}"));
+        // A group of its own, which Ctrl-C signals as a whole.
+        let child = self
+            .command(block)
+            .process_group(0)
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start the forwarder: {e}"));
+        self.forwarder = Some(Forwarder { child, log });
+        wait_until("the forwarder consumes", STEP_TIMEOUT, || {
+            let log = self.log();
+            if let Some(forwarder) = self.forwarder.as_mut()
+                && let Ok(Some(status)) = forwarder.child.try_wait()
+            {
+                panic!("{block}: the forwarder exited ({status}):\n{log}");
+            }
+            std::future::ready(log.contains("consuming"))
+        })
+        .await;
+    }
+
+    fn log(&self) -> String {
+        self.forwarder
+            .as_ref()
+            .and_then(|f| std::fs::read_to_string(&f.log).ok())
+            .unwrap_or_default()
+    }
+
+    /// Ctrl-C (SIGINT to the terminal's foreground process group): the
+    /// forwarder drains and exits 0.
+    async fn stop_forwarder(&mut self) {
+        let Some(mut forwarder) = self.forwarder.take() else {
+            panic!("no forwarder runs");
+        };
+        let group = format!("-{}", forwarder.child.id());
+        let sent = Command::new("kill").args(["-INT", "--", &group]).status();
+        assert!(sent.is_ok_and(|s| s.success()), "kill -INT");
+        let mut status = None;
+        wait_until("the forwarder exits", STEP_TIMEOUT, || {
+            status = forwarder.child.try_wait().ok().flatten();
+            std::future::ready(status.is_some())
+        })
+        .await;
+        let log = std::fs::read_to_string(&forwarder.log).unwrap_or_default();
+        assert_eq!(status.and_then(|s| s.code()), Some(0), "{log}");
+    }
+
+    /// The node's queues, as `rabbitmqctl list_queues` shows them.
+    fn queues(&self) -> Queues {
+        let out =
+            self.step("rabbitmqctl list_queues --silent name messages messages_unacknowledged");
+        out.lines()
+            .filter_map(|line| {
+                let mut cells = line.split_whitespace();
+                let name = cells.next()?.to_owned();
+                let messages = cells.next()?.parse().ok()?;
+                let unacked = cells.next()?.parse().ok()?;
+                Some((name, (messages, unacked)))
+            })
+            .collect()
+    }
+
+    /// Waits until the queues are `expected`: (name, messages, unacked),
+    /// with `None` for a queue that must not exist.
+    async fn await_queues(&self, what: &str, expected: &[(&str, Option<(u64, u64)>)]) {
+        let mut last = Queues::new();
+        let matches = |queues: &Queues| {
+            expected
+                .iter()
+                .all(|(name, want)| queues.get(*name).copied() == *want)
+        };
+        let deadline = tokio::time::Instant::now() + STEP_TIMEOUT;
+        while tokio::time::Instant::now() < deadline {
+            last = self.queues();
+            if matches(&last) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        panic!(
+            "{what}: expected {expected:?}, the node has {last:?}\nforwarder log:\n{}",
+            self.log()
+        );
+    }
+
+    /// The bodies and `x-switchyard-replay` headers of `queue`, in order,
+    /// read without removing them.
+    fn peek(&self, queue: &str) -> Vec<(String, bool)> {
+        let out = self.step(&format!(
+            "rabbitmqadmin -f raw_json get queue={queue} count=100 ackmode=ack_requeue_true"
+        ));
+        let messages: Vec<Value> =
+            serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+        messages
+            .iter()
+            .map(|m| {
+                let body = m["payload"].as_str().unwrap_or_default().to_owned();
+                let replay = m["properties"]["headers"]["x-switchyard-replay"] == Value::Bool(true);
+                (body, replay)
+            })
+            .collect()
+    }
+
+    async fn finish(mut self) {
+        if self.forwarder.is_some() {
+            self.stop_forwarder().await;
+        }
+        let _ = std::fs::remove_dir_all(&self.bin);
+        self.node.stop().await;
+    }
+}
+
+/// The program `name` as found on `PATH` (not a wrapper).
+fn real(name: &str) -> PathBuf {
+    let out = Command::new("which")
+        .arg(name)
+        .output()
+        .unwrap_or_else(|e| panic!("which {name}: {e}"));
+    let path = text(&out.stdout).trim().to_owned();
+    assert!(
+        out.status.success() && !path.is_empty(),
+        "{name} must be on the PATH (it comes with RabbitMQ's packages)"
+    );
+    PathBuf::from(path)
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+const SEED_QUEUES: [&str; 6] = [
+    "work.in",
+    "work.dlq",
+    "service.primary",
+    "service.backup",
+    "logging.primary",
+    "logging.backup",
+];
+
+/// The quick start: start, publish, look, stop; then start clean and check.
+async fn quick_start(tour: &mut Tour) {
+    let b = blocks("Quick start");
+    assert_eq!(b.len(), 4, "start, publish, start clean, check: {b:?}");
+    tour.start_forwarder(&b[0]).await;
+    tour.step(&b[1]);
+    tour.await_queues(
+        "one message in each branch's primary",
+        &[
+            ("service.primary", Some((1, 0))),
+            ("logging.primary", Some((1, 0))),
+            ("work.in", Some((0, 0))),
+            ("service.backup", Some((0, 0))),
+            ("logging.backup", Some((0, 0))),
+        ],
+    )
+    .await;
+    tour.stop_forwarder().await;
+    start_clean(tour).await;
+    let summary = tour.step(&b[3]);
+    assert!(
+        summary.contains(": ok") && summary.contains("sessions: off"),
+        "{summary}"
+    );
+}
+
+/// The quick start's "starting clean": every queue and the exchange gone.
+async fn start_clean(tour: &Tour) {
+    let clean = &blocks("Quick start")[2];
+    assert!(clean.contains("delete"), "{clean}");
+    tour.shell(clean);
+    let gone: Vec<(&str, Option<(u64, u64)>)> = SEED_QUEUES.iter().map(|q| (*q, None)).collect();
+    tour.await_queues("a clean start", &gone).await;
+    let exchanges = tour.step("rabbitmqctl list_exchanges --silent name");
+    assert!(
+        !exchanges.lines().any(|l| l.trim() == "work.dlx"),
+        "{exchanges}"
+    );
+}
+
+/// The two-minute walkthrough, from a clean start to a clean start.
+async fn walkthrough(tour: &mut Tour) {
+    let b = blocks("A two-minute walkthrough");
+    assert_eq!(b.len(), 5, "five steps: {b:?}");
+    tour.start_forwarder(&b[0]).await;
+
+    tour.step(&b[1]);
+    tour.await_queues(
+        "2. multicast to both branches",
+        &[
+            ("service.primary", Some((1, 0))),
+            ("logging.primary", Some((1, 0))),
+            ("work.in", Some((0, 0))),
+        ],
+    )
+    .await;
+
+    tour.step(&b[2]);
+    tour.await_queues(
+        "3. the service branch broken",
+        &[
+            ("service.primary", None),
+            ("service.backup", None),
+            ("logging.primary", Some((2, 0))),
+            ("work.dlq", Some((1, 0))),
+            ("work.in", Some((0, 0))),
+        ],
+    )
+    .await;
+    let log = tour.log();
+    for line in [
+        "failover",
+        "backup list exhausted",
+        "dead-lettered",
+        "reason=\"exhausted\"",
+    ] {
+        assert!(log.contains(line), "3. the log has {line:?}:\n{log}");
+    }
+
+    let listing = tour.step(&b[3]);
+    for needle in ["order-2", "exhausted", "service", "logging", "work.in"] {
+        assert!(
+            listing.contains(needle),
+            "4. inspect shows {needle:?}:\n{listing}"
+        );
+    }
+
+    tour.step(&b[4]);
+    tour.await_queues(
+        "5. redriven to the service branch only",
+        &[
+            ("service.primary", Some((1, 0))),
+            ("service.backup", Some((0, 0))),
+            ("logging.primary", Some((2, 0))),
+            ("work.dlq", Some((0, 0))),
+            ("work.in", Some((0, 0))),
+        ],
+    )
+    .await;
+    assert_eq!(
+        tour.peek("service.primary"),
+        [("{\"order\": 2}".to_owned(), false)]
+    );
+    tour.stop_forwarder().await;
+    start_clean(tour).await;
+}
+
+/// The sessions walkthrough, from a clean start to a clean start.
+async fn sessions_walkthrough(tour: &mut Tour) {
+    let b = blocks("Sessions");
+    assert_eq!(b.len(), 4, "four steps: {b:?}");
+    tour.start_forwarder(&b[0]).await;
+    let log = tour.log();
+    assert!(
+        log.contains("idle_timeout_ms 600000") && log.contains("sessions=\"on"),
+        "1. the starting line shows the sessions settings:\n{log}"
+    );
+
+    tour.step(&b[1]);
+    tour.await_queues(
+        "2. the session open, its acks held",
+        &[
+            ("service.primary", Some((2, 0))),
+            ("logging.primary", Some((2, 0))),
+            ("work.in", Some((2, 2))),
+        ],
+    )
+    .await;
+
+    tour.step(&b[2]);
+    tour.await_queues(
+        "3. the session completed on the backup",
+        &[
+            ("service.primary", None),
+            ("service.backup", Some((4, 0))),
+            ("logging.primary", Some((4, 0))),
+            ("work.in", Some((0, 0))),
+        ],
+    )
+    .await;
+    let log = tour.log();
+    for line in [
+        "session failover; replaying the session to the next endpoint",
+        "replaying=2",
+        "session completed",
+    ] {
+        assert!(log.contains(line), "3. the log has {line:?}:\n{log}");
+    }
+    let part = |n: u32, replay: bool| (format!("part {n}"), replay);
+    assert_eq!(
+        tour.peek("service.backup"),
+        [part(1, true), part(2, true), part(3, false), part(4, false)]
+    );
+    let logging: Vec<(String, bool)> = (1..=4).map(|n| part(n, false)).collect();
+    assert_eq!(tour.peek("logging.primary"), logging);
+
+    let listing = tour.step(&b[3]);
+    assert!(listing.contains("session-closed"), "4.:\n{listing}");
+    tour.await_queues("4. the late message", &[("work.dlq", Some((1, 0)))])
+        .await;
+    tour.stop_forwarder().await;
+    start_clean(tour).await;
+}
+
+#[tokio::test]
+async fn the_readme_walkthroughs_run_as_written_in_either_order() {
+    let mut tour = Tour::start().await;
+    quick_start(&mut tour).await;
+    walkthrough(&mut tour).await;
+    sessions_walkthrough(&mut tour).await;
+    walkthrough(&mut tour).await;
+    tour.finish().await;
+}
