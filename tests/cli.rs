@@ -453,3 +453,26 @@ fn check_refuses_an_endpoint_that_routes_into_the_inbound_queue() {
     );
     assert_invalid(&dead_letter, &["dead_letter.queue", "(a dead-letter loop)"]);
 }
+
+/// `check` says whether sessions are on, with every setting, so an
+/// environment override can be confirmed before anything runs.
+#[test]
+fn check_shows_the_sessions_settings_and_their_overrides() {
+    let out = run(switchyard().args(["check", "--config", REPO_CONFIG]));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("\nsessions: off\n"),
+        "{}",
+        stdout(&out)
+    );
+
+    let out = run(switchyard()
+        .args(["check", "--config", REPO_CONFIG])
+        .env("SWITCHYARD__SESSIONS__ENABLED", "yes")
+        .env("SWITCHYARD__SESSIONS__IDLE_TIMEOUT_MS", "600000"));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let expected = "\nsessions: on (id_header \"session-id\", end_header \"session-end\", \
+                    idle_timeout_ms 600000, max_open 16, max_messages 50, max_bytes 16777216, \
+                    closed_ttl_ms 60000)\n";
+    assert!(stdout(&out).contains(expected), "{}", stdout(&out));
+}
