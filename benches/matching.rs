@@ -8,7 +8,7 @@
 use criterion::{Criterion, criterion_group, criterion_main};
 use std::hint::black_box;
 use std::time::Duration;
-use switchyard::broker::{AmqpValue, FieldTable, Properties};
+use switchyard::amqp::{AmqpValue, FieldTable, Properties};
 use switchyard::config::{Settings, load_str};
 use switchyard::envelope::Envelope;
 

@@ -4,15 +4,9 @@
 //! values (they can be arbitrarily nested), and [`Envelope::header_depth`]
 //! measures how deep they nest without recursing.
 
-use crate::broker::{AmqpValue, FieldTable, Properties};
+use crate::amqp::{AmqpValue, FieldTable, Properties};
+use crate::wire;
 use std::borrow::Cow;
-
-/// Header naming the only branches a message should reach (set by redrive).
-pub const ONLY_HEADER: &str = "x-switchyard-only";
-/// Header counting how many times a message was forwarded.
-pub const HOPS_HEADER: &str = "x-switchyard-hops";
-/// Prefix of every header the forwarder owns; producers' are stripped.
-pub const OWN_PREFIX: &str = "x-switchyard-";
 
 /// The deepest nesting of tables and arrays a message's headers may have to
 /// be forwarded. Real headers nest a handful of levels (`x-death` nests 3);
@@ -67,7 +61,7 @@ impl Envelope {
     /// How many times this message was forwarded before (`x-switchyard-hops`;
     /// 0 when absent or not a number).
     pub fn hops(&self) -> u32 {
-        self.header(HOPS_HEADER)
+        self.header(wire::HOPS)
             .and_then(value_text)
             .and_then(|t| t.parse().ok())
             .unwrap_or(0)
@@ -77,7 +71,7 @@ impl Envelope {
     /// array of names (as `dlq redrive` writes it), or a comma-separated
     /// string for people setting it by hand.
     pub fn only_branches(&self) -> Option<Vec<String>> {
-        let value = self.header(ONLY_HEADER)?;
+        let value = self.header(wire::ONLY)?;
         Some(match value {
             AmqpValue::FieldArray(items) => items
                 .as_slice()
@@ -179,7 +173,7 @@ pub fn value_text(value: &AmqpValue) -> Option<Cow<'_, str>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::broker::{FieldArray, Properties};
+    use crate::amqp::{FieldArray, Properties};
 
     fn envelope(headers: Option<FieldTable>) -> Envelope {
         let properties = match headers {

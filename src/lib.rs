@@ -29,14 +29,18 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod amqp;
 pub mod broker;
 pub mod config;
+pub mod destination;
 pub mod dlq;
 pub mod envelope;
 pub mod pipeline;
 pub mod reload;
 pub mod routing;
 pub mod telemetry;
+pub mod uri;
+pub mod wire;
 
 pub use pipeline::{Forwarder, Readiness, RunError};
 pub use telemetry::Telemetry;

@@ -12,7 +12,7 @@
 
 use super::connector::{ConnectError, connect_once};
 use super::error::{BrokerError, Fault};
-use super::{FieldTable, Properties};
+use crate::amqp::{FieldTable, Properties};
 use crate::config::BrokerSpec;
 use crate::envelope::Envelope;
 use lapin::options::{

@@ -6,7 +6,7 @@
 //! before publishing keeps one oversized message from harming the others.
 //! The walk is iterative, so a deeply nested header cannot overflow the stack.
 
-use super::{AmqpValue, FieldTable, Properties};
+use crate::amqp::{AmqpValue, FieldTable, Properties};
 
 /// Frame type, channel, payload size and frame end around every payload.
 const FRAME_OVERHEAD: usize = 8;
@@ -85,7 +85,7 @@ fn value_size<'a>(value: &'a AmqpValue, nested: &mut Vec<&'a AmqpValue>) -> usiz
 #[cfg(test)]
 mod tests {
     use super::content_header_frame;
-    use crate::broker::{AmqpValue, FieldArray, FieldTable, Properties};
+    use crate::amqp::{AmqpValue, FieldArray, FieldTable, Properties};
     use lapin::protocol::basic::gen_properties;
 
     /// The computed size equals what the protocol library encodes.

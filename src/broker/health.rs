@@ -10,10 +10,10 @@
 //! The probe itself ([`probe`]) opens a channel on the endpoint's broker
 //! and passively declares what the endpoint publishes to.
 
-use super::FieldTable;
 use super::connector::Connector;
 use super::error::BrokerError;
-use crate::config::Endpoint;
+use crate::amqp::FieldTable;
+use crate::destination::Endpoint;
 use crate::telemetry::Telemetry;
 use lapin::ExchangeKind;
 use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions};
@@ -32,6 +32,16 @@ pub enum Down {
     Connection,
     /// The broker is there but the endpoint's channel failed or stalled.
     Channel,
+}
+
+impl Down {
+    /// The level that failed, as logs name it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Connection => "connection",
+            Self::Channel => "channel",
+        }
+    }
 }
 
 /// One endpoint's health, shared by its publisher (which writes it) and the
@@ -78,7 +88,8 @@ impl EndpointHealth {
             Down::Channel => DOWN_CHANNEL,
         };
         if self.state.swap(next, Ordering::Relaxed) != next {
-            self.telemetry.endpoint_down(&self.endpoint, why, error);
+            self.telemetry
+                .endpoint_down(&self.endpoint, why.as_str(), error);
             self.bump();
         }
     }

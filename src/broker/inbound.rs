@@ -8,8 +8,8 @@
 //! receipt dropped unsettled requeues its message, so nothing leaks a
 //! prefetch slot.
 
-use super::FieldTable;
 use super::connector::{ConnectError, Connector};
+use crate::amqp::FieldTable;
 use crate::config::Settings;
 use crate::envelope::Envelope;
 use futures_util::StreamExt;

@@ -25,10 +25,11 @@ use super::connector::{Blocking, ConnectError, Connector};
 use super::error::{BrokerError, Fault};
 use super::frame_size::content_header_frame;
 use super::health::{Down, EndpointHealth};
-use super::{AmqpValue, FieldTable, ShortString};
-use crate::config::Endpoint;
-use crate::envelope::{Envelope, HOPS_HEADER, OWN_PREFIX, value_text};
+use crate::amqp::{AmqpValue, FieldTable, ShortString};
+use crate::destination::Endpoint;
+use crate::envelope::{Envelope, value_text};
 use crate::telemetry::Telemetry;
+use crate::wire::{self, OWN_PREFIX};
 use futures_util::FutureExt;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use lapin::message::BasicReturnMessage;
@@ -45,9 +46,6 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
-
-/// Header carrying the identity of one publish attempt.
-pub const PUBLISH_ID_HEADER: &str = "x-switchyard-publish-id";
 
 static NEXT_PUBLISH_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -461,14 +459,14 @@ impl Actor {
             );
         }
         headers.insert(
-            HOPS_HEADER.into(),
+            wire::HOPS.into(),
             AmqpValue::LongLongInt(i64::from(request.envelope.hops()) + 1),
         );
         for (name, value) in &request.extra_headers {
             headers.insert(name.clone(), value.clone());
         }
         headers.insert(
-            PUBLISH_ID_HEADER.into(),
+            wire::PUBLISH_ID.into(),
             AmqpValue::LongLongInt(request.id as i64),
         );
         request.envelope.properties.clone().with_headers(headers)
@@ -798,7 +796,7 @@ fn publish_id(properties: &BasicProperties) -> Option<u64> {
         .headers()
         .as_ref()?
         .inner()
-        .get(PUBLISH_ID_HEADER)?;
+        .get(wire::PUBLISH_ID)?;
     value_text(value)?.parse().ok()
 }
 

@@ -2,14 +2,14 @@
 
 use super::error::InvalidKey;
 use super::raw::{RawBroker, RawConfig, RawEndpoint, RawFilter, RawFilterEntry, RawSessions};
-use super::{
-    BrokerSpec, DeadLetter, DeadLetterMode, Endpoint, Inbound, QueueType, Sessions, Settings, Tls,
-};
-use crate::broker::{IdentityError, read_ca_file, read_client_identity, same_vhost, validate_uri};
+use super::{BrokerSpec, Inbound, Sessions, Settings, Tls};
+use crate::config::{IdentityError, read_ca_file, read_client_identity};
+use crate::destination::{DeadLetter, DeadLetterMode, Endpoint, QueueType};
 use crate::routing::{
     Branch, Filter, JsonPointer, Outage, Property, RoutingTable, Strategy, TopicPattern, ValueTest,
     XPathTest,
 };
+use crate::uri::{same_vhost, validate_uri};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;

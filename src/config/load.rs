@@ -4,7 +4,7 @@
 use super::error::ConfigError;
 use super::raw::RawConfig;
 use super::{Settings, compile};
-use crate::broker::redact_uri;
+use crate::uri::redact_uri;
 use config::{File, FileFormat, Value};
 use std::path::{Path, PathBuf};
 

@@ -7,13 +7,16 @@ mod compile;
 mod error;
 mod load;
 pub mod raw;
+mod tls;
 
 pub use compile::compile;
 pub use error::{ConfigError, InvalidKey};
 pub use load::{CONFIG_ENV, DEFAULT_CONFIG_PATH, config_path, load, load_str};
+pub use tls::{IdentityError, read_ca_file, read_client_identity};
 
-use crate::broker::{node_of, redact_uri};
+use crate::destination::{DeadLetter, Endpoint, QueueType};
 use crate::routing::RoutingTable;
+use crate::uri::{node_of, redact_uri};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -109,65 +112,6 @@ pub struct Inbound {
     pub dead_letter_by_policy: bool,
 }
 
-/// The type of a queue the forwarder declares (`x-queue-type`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum QueueType {
-    /// A classic queue (the broker's default).
-    #[default]
-    Classic,
-    /// A replicated quorum queue: always durable, never exclusive or auto-delete.
-    Quorum,
-}
-
-impl QueueType {
-    /// The configuration spelling, also the `x-queue-type` argument value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Classic => "classic",
-            Self::Quorum => "quorum",
-        }
-    }
-}
-
-impl std::fmt::Display for QueueType {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// How a message is dead-lettered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeadLetterMode {
-    /// `basic.nack(requeue=false)`; the broker routes it through the queue's DLX.
-    Nack,
-    /// Publish an annotated copy with a confirm, then ack.
-    Republish,
-}
-
-impl std::fmt::Display for DeadLetterMode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Nack => "nack",
-            Self::Republish => "republish",
-        })
-    }
-}
-
-/// The dead-letter destination.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeadLetter {
-    /// Mode.
-    pub mode: DeadLetterMode,
-    /// Dead-letter exchange.
-    pub exchange: String,
-    /// Dead-letter routing key.
-    pub routing_key: String,
-    /// Dead-letter queue to declare and bind, if any.
-    pub queue: Option<String>,
-    /// The dead-letter queue's type.
-    pub queue_type: QueueType,
-}
-
 /// A broker connection target; equal when the name, the URI and the TLS
 /// material are.
 #[derive(Clone, PartialEq, Eq)]
@@ -260,31 +204,6 @@ impl std::fmt::Debug for BrokerSpec {
             .field("tls", &self.tls)
             .finish()
     }
-}
-
-/// A publish destination.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Endpoint {
-    /// Its name in `[endpoints]`.
-    pub name: String,
-    /// Broker name.
-    pub broker: String,
-    /// Exchange (`""` is the default exchange).
-    pub exchange: String,
-    /// Routing key.
-    pub routing_key: String,
-    /// Durable queue to declare at startup.
-    pub declare_queue: Option<String>,
-    /// The type `declare_queue` is declared with.
-    pub declare_queue_type: QueueType,
-    /// How long to wait for the confirm.
-    pub confirm_timeout: Duration,
-    /// Extra attempts here before the next endpoint.
-    pub retries: u32,
-    /// Headers set on every copy sent here.
-    pub headers: Vec<(String, String)>,
-    /// While unhealthy, how often the endpoint is probed in the background.
-    pub probe_interval: Duration,
 }
 
 #[cfg(test)]

@@ -1,7 +1,9 @@
 //! Validation: the contract's annotated example (config/spec-example.toml) loads, and each invalid configuration
 //! fails with its exact one-line error.
 
-use super::{DeadLetterMode, QueueType, load_str};
+use super::load_str;
+
+use crate::destination::{DeadLetterMode, QueueType};
 use crate::routing::Outage;
 
 const BASE: &str = r#"

@@ -25,7 +25,8 @@ pub use inspect::{Format, Inspected, inspect};
 pub use redrive::{Redriven, redrive};
 
 use crate::broker::{DlqReader, ReadError};
-use crate::config::{InvalidKey, QueueType, Settings};
+use crate::config::{InvalidKey, Settings};
+use crate::destination::QueueType;
 use crate::envelope::Envelope;
 use record::{Record, is_probe};
 use std::io::Write;

@@ -4,10 +4,10 @@
 //! itself), the first bytes of the body, and the copy redrive publishes.
 //! Pure: no I/O.
 
-use crate::broker::{AmqpValue, FieldArray, FieldTable, PROBE_HEADER, Properties};
-use crate::envelope::{Envelope, ONLY_HEADER, OWN_PREFIX, value_text};
-use crate::pipeline::settle::FAILED_ENDPOINTS;
+use crate::amqp::{AmqpValue, FieldArray, FieldTable, Properties};
+use crate::envelope::{Envelope, value_text};
 use crate::routing::RoutingTable;
+use crate::wire::{self, OWN_PREFIX};
 use serde_json::{Value, json};
 
 /// How many bytes of the body a listing shows.
@@ -96,15 +96,15 @@ impl Record {
             _ => Vec::new(),
         };
         let newest = deaths.first();
-        let reason = text("x-switchyard-reason");
+        let reason = text(wire::REASON);
         let annotated = reason.is_some();
-        let error = text("x-switchyard-error");
-        let failed_names = names(message.header("x-switchyard-failed"));
+        let error = text(wire::ERROR);
+        let failed_names = names(message.header(wire::FAILED));
         let errors = branch_errors(error.as_deref().unwrap_or(""), &failed_names);
         // The forwarder records the endpoint that refused each branch last;
         // for older dead letters, only an exhausted list ends on the endpoint
         // it tries last.
-        let recorded = names(message.header(FAILED_ENDPOINTS));
+        let recorded = names(message.header(wire::FAILED_ENDPOINTS));
         let exhausted = reason.as_deref() == Some("exhausted");
         let failed = failed_names
             .into_iter()
@@ -121,7 +121,7 @@ impl Record {
                 error,
             })
             .collect();
-        let dead_lettered_at_ms = match message.header("x-switchyard-dead-lettered-at") {
+        let dead_lettered_at_ms = match message.header(wire::DEAD_LETTERED_AT) {
             Some(v) => value_text(v).and_then(|t| t.parse().ok()),
             None => newest.and_then(|d| d.time).map(|s| s.saturating_mul(1000)),
         };
@@ -138,9 +138,8 @@ impl Record {
             }),
             error,
             failed,
-            delivered: names(message.header("x-switchyard-delivered")),
-            source_queue: text("x-switchyard-source-queue")
-                .or_else(|| newest.and_then(|d| d.queue.clone())),
+            delivered: names(message.header(wire::DELIVERED)),
+            source_queue: text(wire::SOURCE_QUEUE).or_else(|| newest.and_then(|d| d.queue.clone())),
             dead_lettered_at_ms,
             annotated,
             deaths,
@@ -197,7 +196,7 @@ impl Record {
 /// Whether `message` is the forwarder's dead-letter route probe, which is
 /// not a dead letter.
 pub fn is_probe(message: &Envelope) -> bool {
-    message.header(PROBE_HEADER).is_some()
+    message.header(wire::PROBE).is_some()
 }
 
 /// The properties of the copy `dlq redrive` puts back on the inbound
@@ -226,7 +225,7 @@ pub fn redrive_properties(message: &Envelope, only: &[String]) -> Properties {
             .map(|n| AmqpValue::LongString(n.as_str().into()))
             .collect::<Vec<_>>();
         headers.insert(
-            ONLY_HEADER.into(),
+            wire::ONLY.into(),
             AmqpValue::FieldArray(FieldArray::from(names)),
         );
     }
@@ -521,7 +520,7 @@ endpoint = "l1"
         let mut keys: Vec<&str> = h.inner().keys().map(|k| k.as_str()).collect();
         keys.sort();
         assert_eq!(keys, ["tenant", "x-switchyard-only"]);
-        assert_eq!(h.inner().get(ONLY_HEADER), Some(&array(&["logging"])));
+        assert_eq!(h.inner().get(wire::ONLY), Some(&array(&["logging"])));
         assert_eq!(copy.message_id(), m.properties.message_id());
         assert_eq!(copy.correlation_id(), m.properties.correlation_id());
 
@@ -529,7 +528,7 @@ endpoint = "l1"
         assert!(
             none.headers()
                 .as_ref()
-                .is_some_and(|h| !h.inner().contains_key(ONLY_HEADER))
+                .is_some_and(|h| !h.inner().contains_key(wire::ONLY))
         );
         let mut bare = annotated();
         bare.properties = Properties::default().with_message_id("m".into());
@@ -539,7 +538,7 @@ endpoint = "l1"
     #[test]
     fn probes_are_recognised() {
         assert!(is_probe(&message(
-            vec![(PROBE_HEADER, AmqpValue::Boolean(true))],
+            vec![(wire::PROBE, AmqpValue::Boolean(true))],
             b""
         )));
         assert!(!is_probe(&annotated()));

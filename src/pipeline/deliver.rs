@@ -20,8 +20,9 @@
 //! endpoints up, then walks its list again.
 
 use super::outcome::{BranchOutcome, Outcome};
-use crate::broker::{AmqpValue, Mode, PublishFailure, Publisher, ShortString};
-use crate::config::Endpoint;
+use crate::amqp::{AmqpValue, ShortString};
+use crate::broker::{Mode, PublishFailure, Publisher};
+use crate::destination::Endpoint;
 use crate::envelope::Envelope;
 use crate::routing::{BranchPlan, Outage};
 use crate::telemetry::Telemetry;

@@ -12,12 +12,11 @@
 
 use super::outcome::{Reason, Verdict};
 use crate::envelope::{Envelope, MAX_HEADER_DEPTH, value_text};
+use crate::wire;
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Mutex;
 
-/// Header in which quorum queues count earlier deliveries.
-const DELIVERY_COUNT_HEADER: &str = "x-delivery-count";
 /// Messages remembered per generation of the redelivery memory.
 const REMEMBERED: usize = 50_000;
 
@@ -94,7 +93,7 @@ impl Screen {
     /// How many times this message was delivered before.
     fn redeliveries(&self, envelope: &Envelope) -> u32 {
         if let Some(count) = envelope
-            .header(DELIVERY_COUNT_HEADER)
+            .header(wire::DELIVERY_COUNT)
             .and_then(value_text)
             .and_then(|t| t.parse().ok())
         {
@@ -124,7 +123,7 @@ fn identity(envelope: &Envelope) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::broker::{AmqpValue, FieldArray, FieldTable, Properties};
+    use crate::amqp::{AmqpValue, FieldArray, FieldTable, Properties};
 
     fn envelope(headers: FieldTable, redelivered: bool) -> Envelope {
         Envelope {

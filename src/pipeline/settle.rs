@@ -13,13 +13,12 @@
 //! broker redelivers the message.
 
 use super::outcome::{Reason, Verdict};
-use crate::broker::{
-    AmqpValue, FieldArray, FieldTable, Mode, Properties, PublishFailure, Publisher, Receipt,
-    ShortString,
-};
-use crate::config::DeadLetterMode;
-use crate::envelope::{Envelope, HOPS_HEADER, MAX_HEADER_DEPTH, value_depth};
+use crate::amqp::{AmqpValue, FieldArray, FieldTable, Properties, ShortString};
+use crate::broker::{Mode, PublishFailure, Publisher, Receipt};
+use crate::destination::DeadLetterMode;
+use crate::envelope::{Envelope, MAX_HEADER_DEPTH, value_depth};
 use crate::telemetry::Telemetry;
+use crate::wire;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -168,11 +167,11 @@ impl Settler {
             delivered,
             &self.source_queue,
         );
-        headers.push((FAILED_ENDPOINTS.into(), text_array(refused_by)));
+        headers.push((wire::FAILED_ENDPOINTS.into(), text_array(refused_by)));
         headers.extend(extra.iter().cloned());
         // A dead letter is not a forward: it keeps the hops it came with.
         headers.push((
-            HOPS_HEADER.into(),
+            wire::HOPS.into(),
             AmqpValue::LongLongInt(i64::from(envelope.hops())),
         ));
         let copy = if *reason == Reason::Malformed {
@@ -219,7 +218,7 @@ async fn publish_dead_letter(
                 telemetry.dead_letter_reduced(message_id, reason, &why);
                 let removed = envelope.headers().map_or(0, |h| h.inner().len());
                 extra.push((
-                    "x-switchyard-removed-headers".into(),
+                    wire::REMOVED_HEADERS.into(),
                     AmqpValue::LongLongInt(removed as i64),
                 ));
                 copy = Arc::new(fitting(envelope));
@@ -262,10 +261,6 @@ fn fitting(envelope: &Envelope) -> Envelope {
     }
 }
 
-/// Header naming, for each branch of `x-switchyard-failed` in the same
-/// order, the endpoint that refused it last (`""`: none was tried).
-pub const FAILED_ENDPOINTS: &str = "x-switchyard-failed-endpoints";
-
 fn text_array(items: &[String]) -> AmqpValue {
     AmqpValue::FieldArray(FieldArray::from(
         items
@@ -289,13 +284,13 @@ pub fn annotations(
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);
     vec![
-        ("x-switchyard-reason".into(), text(reason)),
-        ("x-switchyard-error".into(), text(error)),
-        ("x-switchyard-failed".into(), array(failed)),
-        ("x-switchyard-delivered".into(), array(delivered)),
-        ("x-switchyard-source-queue".into(), text(source_queue)),
+        (wire::REASON.into(), text(reason)),
+        (wire::ERROR.into(), text(error)),
+        (wire::FAILED.into(), array(failed)),
+        (wire::DELIVERED.into(), array(delivered)),
+        (wire::SOURCE_QUEUE.into(), text(source_queue)),
         (
-            "x-switchyard-dead-lettered-at".into(),
+            wire::DEAD_LETTERED_AT.into(),
             AmqpValue::LongLongInt(now_ms),
         ),
     ]
@@ -333,7 +328,7 @@ fn one_line(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::broker::Properties;
+    use crate::amqp::Properties;
 
     fn nested(depth: usize) -> AmqpValue {
         let mut value = AmqpValue::LongString("leaf".into());

@@ -9,7 +9,7 @@
 
 use super::body::Body;
 use super::topic::TopicPattern;
-use crate::broker::{AmqpValue, ShortString};
+use crate::amqp::{AmqpValue, ShortString};
 use crate::envelope::Envelope;
 use regex::Regex;
 use std::fmt::{self, Display, Write as _};
@@ -516,7 +516,7 @@ impl Filter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::broker::{AmqpValue, FieldArray, FieldTable, Properties};
+    use crate::amqp::{AmqpValue, FieldArray, FieldTable, Properties};
 
     fn envelope(
         routing_key: &str,

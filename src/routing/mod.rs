@@ -23,7 +23,7 @@ pub use body::{MAX_BODY_BYTES, MAX_BODY_DEPTH, MAX_XML_NODES};
 pub use filter::{BodyFilterError, Filter, JsonPointer, Property, ValueTest, XPathTest};
 pub use topic::TopicPattern;
 
-use crate::config::Endpoint;
+use crate::destination::Endpoint;
 use crate::envelope::Envelope;
 use body::Body;
 use std::fmt::Write as _;
@@ -264,7 +264,7 @@ impl RoutingTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::broker::{AmqpValue, FieldArray, FieldTable, Properties};
+    use crate::amqp::{AmqpValue, FieldArray, FieldTable, Properties};
     use std::time::Duration;
 
     fn endpoint(name: &str) -> Arc<Endpoint> {
@@ -277,7 +277,7 @@ mod tests {
             confirm_timeout: Duration::from_secs(5),
             retries: 0,
             headers: Vec::new(),
-            declare_queue_type: crate::config::QueueType::Classic,
+            declare_queue_type: crate::destination::QueueType::Classic,
             probe_interval: Duration::from_secs(1),
         })
     }
@@ -307,7 +307,7 @@ mod tests {
                 .map(|n| AmqpValue::LongString((*n).into()))
                 .collect::<Vec<_>>();
             headers.insert(
-                crate::envelope::ONLY_HEADER.into(),
+                crate::wire::ONLY.into(),
                 AmqpValue::FieldArray(FieldArray::from(names)),
             );
         }

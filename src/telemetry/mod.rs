@@ -395,13 +395,9 @@ impl Telemetry {
         self.endpoint_gauge(endpoint, true);
     }
 
-    /// An endpoint failed at the connection or channel level: new messages
-    /// skip it until a probe finds it working.
-    pub fn endpoint_down(&self, endpoint: &str, why: crate::broker::Down, error: &dyn Display) {
-        let level = match why {
-            crate::broker::Down::Connection => "connection",
-            crate::broker::Down::Channel => "channel",
-        };
+    /// An endpoint failed at the `level` of its connection or its channel:
+    /// new messages skip it until a probe finds it working.
+    pub fn endpoint_down(&self, endpoint: &str, level: &str, error: &dyn Display) {
         tracing::warn!(endpoint, level, %error, "endpoint down; skipping it and probing");
         self.endpoint_gauge(endpoint, false);
     }
@@ -540,7 +536,7 @@ mod tests {
         telemetry.failover("m", "service", "backup", None, &"nacked");
         telemetry.dead_lettered("m", "exhausted", "nacked", &[], &[], "nack");
         telemetry.endpoint_registered("primary");
-        telemetry.endpoint_down("primary", crate::broker::Down::Connection, &"gone");
+        telemetry.endpoint_down("primary", "connection", &"gone");
         telemetry.confirmed(Duration::from_millis(3));
         telemetry.transaction_started();
         telemetry.config_loaded(1, 2);

@@ -13,44 +13,26 @@
 //!
 //! Unless switchyard has just declared and bound the dead-letter queue
 //! itself, one probe message checks that the dead-letter exchange routes the
-//! dead-letter routing key somewhere (see [`PROBE_HEADER`]).
+//! dead-letter routing key somewhere (see `probe`).
 //!
 //! Every operation runs on its own short-lived channel, because a refused
 //! declaration closes the channel it was made on.
 
+mod operation;
 mod probe;
 mod queue;
 
-pub use probe::PROBE_HEADER;
+pub use operation::TopologyError;
+use operation::{Op, run};
 use probe::probe_dead_letter_route;
 use queue::{QueueSpec, Setting, ensure_queue};
 
-use super::connector::{ConnectError, Connector, within_unblocked};
-use super::{AmqpValue, FieldTable};
-use crate::config::{DeadLetterMode, Endpoint, QueueType, Settings};
-use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
-use lapin::protocol::AMQPErrorKind;
-use lapin::{Channel, ErrorKind, ExchangeKind};
-use std::time::Duration;
-
-const OP_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// A startup declaration failed.
-#[derive(Debug, thiserror::Error)]
-pub enum TopologyError {
-    /// No connection to the broker, so nothing was declared: it cannot be
-    /// reached, or it refuses the credentials or the vhost
-    /// ([`ConnectError::Refused`]). The connector has logged the attempt.
-    #[error(transparent)]
-    NoConnection(ConnectError),
-    /// A declaration was not answered, or its channel failed; worth retrying.
-    #[error("{0}")]
-    Unreachable(String),
-    /// The broker refused: the configuration and the broker disagree. Not
-    /// worth retrying; the message says what to change.
-    #[error("{0}")]
-    Refused(String),
-}
+use super::connector::Connector;
+use crate::amqp::{AmqpValue, FieldTable};
+use crate::config::Settings;
+use crate::destination::{DeadLetterMode, Endpoint, QueueType};
+use lapin::ExchangeKind;
+use lapin::options::{ExchangeDeclareOptions, QueueBindOptions};
 
 /// Declares (or, with `inbound.declare = false`, verifies) the dead-letter
 /// exchange and queue and the inbound queue with its type and dead-letter
@@ -196,104 +178,4 @@ fn inbound_spec(settings: &Settings) -> QueueSpec<'_> {
         );
     }
     spec
-}
-
-async fn message_count(connector: &Connector, queue: &str) -> Option<u32> {
-    passive_queue(connector, queue).await.ok()
-}
-
-async fn declare_queue(
-    connector: &Connector,
-    queue: &str,
-    arguments: FieldTable,
-) -> Result<(), Op> {
-    let options = QueueDeclareOptions {
-        durable: true,
-        ..Default::default()
-    };
-    run(connector, |ch| async move {
-        ch.queue_declare(queue.into(), options, arguments)
-            .await
-            .map(|_| ())
-    })
-    .await
-}
-
-/// Checks `queue` exists; its message count.
-async fn passive_queue(connector: &Connector, queue: &str) -> Result<u32, Op> {
-    let options = QueueDeclareOptions {
-        passive: true,
-        ..Default::default()
-    };
-    run(connector, |ch| async move {
-        ch.queue_declare(queue.into(), options, FieldTable::default())
-            .await
-            .map(|q| q.message_count())
-    })
-    .await
-}
-
-/// How one declaration ended.
-enum Op {
-    /// No connection: nothing was declared.
-    NoConnection(ConnectError),
-    Unreachable(String),
-    Refused(u16, String),
-}
-
-impl Op {
-    fn into_error(self, what: &str) -> TopologyError {
-        match self {
-            Op::NoConnection(e) => TopologyError::NoConnection(e),
-            Op::Unreachable(why) => TopologyError::Unreachable(format!("{what}: {why}")),
-            Op::Refused(code, text) => {
-                TopologyError::Refused(format!("{what}: refused by the broker ({code} {text})"))
-            }
-        }
-    }
-}
-
-async fn run<F, Fut, T>(connector: &Connector, op: F) -> Result<T, Op>
-where
-    F: FnOnce(Channel) -> Fut,
-    Fut: Future<Output = lapin::Result<T>>,
-{
-    run_on(connector, false, op).await
-}
-
-/// Runs `op` on a fresh channel (in confirm mode if `confirm`), closed after.
-async fn run_on<F, Fut, T>(connector: &Connector, confirm: bool, op: F) -> Result<T, Op>
-where
-    F: FnOnce(Channel) -> Fut,
-    Fut: Future<Output = lapin::Result<T>>,
-{
-    let channel = connector
-        .channel(confirm, OP_TIMEOUT)
-        .await
-        .map_err(|e| match e {
-            ConnectError::Channel(_) | ConnectError::ChannelTimeout(_) => {
-                Op::Unreachable(e.to_string())
-            }
-            _ => Op::NoConnection(e),
-        })?;
-    // A probe publish waits out a resource alarm rather than timing out.
-    let result = within_unblocked(op(channel.clone()), OP_TIMEOUT, connector.blocking())
-        .await
-        .ok_or(());
-    if channel.status().connected() {
-        let _ = channel.close(200, "done".into()).await;
-    }
-    match result {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(e)) => Err(match e.kind() {
-            ErrorKind::ProtocolError(amqp) if matches!(amqp.kind(), AMQPErrorKind::Soft(_)) => {
-                Op::Refused(amqp.get_id(), amqp.get_message().to_string())
-            }
-            _ => Op::Unreachable(e.to_string()),
-        }),
-        Err(_) => Err(Op::Unreachable(format!(
-            "no answer within {} s",
-            OP_TIMEOUT.as_secs()
-        ))),
-    }
 }

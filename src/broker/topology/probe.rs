@@ -2,21 +2,19 @@
 //! exchange routes the dead-letter routing key somewhere before any dead
 //! letter relies on it.
 
-use super::{TopologyError, run_on};
+use super::operation::{TopologyError, run_on};
+use crate::amqp::{AmqpValue, FieldTable};
 use crate::broker::connector::Connector;
-use crate::broker::{AmqpValue, FieldTable};
 use crate::config::Settings;
+use crate::wire;
 use lapin::Confirmation;
 use lapin::options::BasicPublishOptions;
-
-/// Header that marks the dead-letter route probe.
-pub const PROBE_HEADER: &str = "x-switchyard-probe";
 
 /// Makes sure the dead-letter exchange routes the dead-letter routing key
 /// somewhere, since a dead letter sent into an exchange without a matching
 /// binding is dropped silently (a nack) or returned forever (a republish).
 /// One probe message is published with `mandatory`, on a confirm channel;
-/// it carries [`PROBE_HEADER`] and `expiration = "0"`, so it expires at once
+/// it carries [`wire::PROBE`] and `expiration = "0"`, so it expires at once
 /// unless a consumer of the dead-letter queue is waiting, which then sees
 /// one probe per start.
 pub(super) async fn probe_dead_letter_route(
@@ -26,7 +24,7 @@ pub(super) async fn probe_dead_letter_route(
     let dl = &settings.dead_letter;
     let broker = &settings.inbound.broker;
     let mut headers = FieldTable::default();
-    headers.insert(PROBE_HEADER.into(), AmqpValue::Boolean(true));
+    headers.insert(wire::PROBE.into(), AmqpValue::Boolean(true));
     let properties = lapin::BasicProperties::default()
         .with_expiration("0".into())
         .with_headers(headers);

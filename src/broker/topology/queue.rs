@@ -3,10 +3,10 @@
 //! the broker's refusal and kept, and a mismatch that matters becomes one
 //! line naming the argument, the queue's message count and what to change.
 
-use super::{Op, TopologyError, declare_queue, message_count, passive_queue};
+use super::operation::{Op, TopologyError, declare_queue, message_count, passive_queue};
+use crate::amqp::{AmqpValue, FieldTable};
 use crate::broker::connector::Connector;
-use crate::broker::{AmqpValue, FieldTable};
-use crate::config::QueueType;
+use crate::destination::QueueType;
 
 /// Most arguments of an existing queue that are read back and kept; the
 /// broker knows fewer declarable arguments than this.
@@ -405,7 +405,7 @@ fn table_of(arguments: &[(String, AmqpValue)]) -> FieldTable {
 #[cfg(test)]
 mod tests {
     use super::{CurrentValue, Mismatch};
-    use crate::broker::AmqpValue;
+    use crate::amqp::AmqpValue;
 
     #[test]
     fn refusals_name_the_argument_and_the_queues_value() {

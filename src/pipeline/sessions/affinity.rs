@@ -9,11 +9,12 @@
 //! an endpoint (after an outage wait) continues where it stopped there.
 
 use super::super::deliver::Publishers;
-use super::REPLAY_HEADER;
-use crate::broker::{AmqpValue, Mode, PublishFailure};
-use crate::config::Endpoint;
+use crate::amqp::AmqpValue;
+use crate::broker::{Mode, PublishFailure};
+use crate::destination::Endpoint;
 use crate::envelope::Envelope;
 use crate::routing::{BranchPlan, Outage};
+use crate::wire;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
@@ -149,7 +150,7 @@ impl Affinity {
             let envelope = &set[index];
             let extra = || {
                 if index < newest {
-                    vec![(REPLAY_HEADER.into(), AmqpValue::Boolean(true))]
+                    vec![(wire::REPLAY.into(), AmqpValue::Boolean(true))]
                 } else {
                     Vec::new()
                 }

@@ -25,7 +25,8 @@ mod task;
 
 use super::generation::Generation;
 use super::outcome::{Reason, Verdict};
-use crate::broker::{AmqpValue, Receipt, ShortString};
+use crate::amqp::{AmqpValue, ShortString};
+use crate::broker::Receipt;
 use crate::config;
 use crate::envelope::{Envelope, value_text};
 use crate::telemetry::Telemetry;
@@ -35,13 +36,6 @@ use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-
-/// Header naming, on a session's dead letters, the session they belong to.
-pub const SESSION_HEADER: &str = "x-switchyard-session";
-
-/// Header marking a copy a branch sends again to its next endpoint after a
-/// failover mid-session.
-pub const REPLAY_HEADER: &str = "x-switchyard-replay";
 
 /// One inbound message of a session, with its right to settle and its
 /// prefetch slot.
@@ -332,7 +326,10 @@ fn slots(config: &config::Sessions) -> usize {
 
 /// The `x-switchyard-session` annotation of a session's dead letters.
 pub(super) fn annotation(id: &str) -> Vec<(ShortString, AmqpValue)> {
-    vec![(SESSION_HEADER.into(), AmqpValue::LongString(id.into()))]
+    vec![(
+        crate::wire::SESSION.into(),
+        AmqpValue::LongString(id.into()),
+    )]
 }
 
 impl Registry {
@@ -353,7 +350,7 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::broker::{FieldTable, Properties};
+    use crate::amqp::{FieldTable, Properties};
 
     fn config() -> config::Sessions {
         config::Sessions {

@@ -1,0 +1,44 @@
+//! The wire contract: every `x-switchyard-*` header the forwarder reads or
+//! writes, named once. Producers' headers with the [`OWN_PREFIX`] are never
+//! forwarded as they came: each copy carries only what the forwarder itself
+//! sets (docs/configuration.md lists them with their meaning).
+
+/// Prefix of every header the forwarder owns; producers' are stripped.
+pub const OWN_PREFIX: &str = "x-switchyard-";
+
+/// The only branches a message should reach (set by `dlq redrive`).
+pub const ONLY: &str = "x-switchyard-only";
+/// How many times a message was forwarded.
+pub const HOPS: &str = "x-switchyard-hops";
+/// The identity of one publish attempt, for attributing returns.
+pub const PUBLISH_ID: &str = "x-switchyard-publish-id";
+/// A copy a branch sends again to its next endpoint after a failover
+/// mid-session.
+pub const REPLAY: &str = "x-switchyard-replay";
+/// On a session's dead letters, the session they belong to.
+pub const SESSION: &str = "x-switchyard-session";
+/// The startup probe of the dead-letter route, which is not a dead letter.
+pub const PROBE: &str = "x-switchyard-probe";
+
+/// Why a message was dead-lettered (a reason word).
+pub const REASON: &str = "x-switchyard-reason";
+/// A dead letter's last error, one line.
+pub const ERROR: &str = "x-switchyard-error";
+/// The branches that failed (an array of names).
+pub const FAILED: &str = "x-switchyard-failed";
+/// For each branch of [`FAILED`] in the same order, the endpoint that
+/// refused it last (`""`: none was tried).
+pub const FAILED_ENDPOINTS: &str = "x-switchyard-failed-endpoints";
+/// The branches already delivered (an array of names).
+pub const DELIVERED: &str = "x-switchyard-delivered";
+/// The queue the message was consumed from.
+pub const SOURCE_QUEUE: &str = "x-switchyard-source-queue";
+/// When it was dead-lettered, in unix milliseconds.
+pub const DEAD_LETTERED_AT: &str = "x-switchyard-dead-lettered-at";
+/// On a dead letter the broker refused as it was: how many of the
+/// producer's headers were left out.
+pub const REMOVED_HEADERS: &str = "x-switchyard-removed-headers";
+
+/// Header in which quorum queues count earlier deliveries (the broker's,
+/// not the forwarder's).
+pub const DELIVERY_COUNT: &str = "x-delivery-count";
