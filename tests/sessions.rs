@@ -4,7 +4,9 @@
 //! their reason (`exhausted`, `session-timeout`, `session-too-large`,
 //! `session-closed`), session slots that hold a new session back while other
 //! traffic flows, memory bounded by the session limits with the real binary,
-//! and `check` refusing slots that could fill the prefetch.
+//! `check` refusing slots that could fill the prefetch, and a session's
+//! failovers, replays and dead-letter records counted and written as any
+//! message's are, so a redrive sends only what is missing.
 
 mod support;
 
@@ -1002,5 +1004,124 @@ strategy = "round_robin"
         "the start rotates from session to session: {spread:?}"
     );
     assert_eq!(broker.queue_len(&format!("{p}.dlq")).await, 0);
+    delete_all_with_prefix(&p).await;
+}
+
+// ---------------------------------------------------------------------------
+// 7. Counted and recorded like any message
+
+/// Runs `switchyard dlq <args>` on `config`; returns stdout.
+fn dlq_cli(config: &std::path::Path, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .arg("dlq")
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run switchyard: {e}"));
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(out.status.success(), "dlq {args:?}: {stdout}{stderr}");
+    stdout
+}
+
+/// A session's failover, replays and forwarded copies are counted by the
+/// same code as any message's; a session that times out after reaching
+/// every branch records that each branch holds each of its messages, so
+/// a redrive sends nothing again and only removes the dead letters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_failovers_are_counted_and_its_dead_letters_say_which_branches_hold_it() {
+    let p = unique_prefix("sess-record");
+    let broker = TestBroker::connect(&p).await;
+    let inbound = format!("{p}.in");
+    let (service, backup, logging) = (
+        format!("{p}.service"),
+        format!("{p}.service.backup"),
+        format!("{p}.logging"),
+    );
+    let toml = seed_toml(&p, &top_toml(&p, "republish", 5000, 500))
+        + &sessions_toml("max_open = 4\nidle_timeout_ms = 1500");
+    let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
+
+    let one = Session::named("one");
+    publish(&broker, &inbound, &one.messages(0..2, 9)).await;
+    broker.await_count(&service, 2, DEFAULT_TIMEOUT).await;
+    broker.delete_queue(&service).await;
+    publish(&broker, &inbound, &one.messages(2..4, 3)).await;
+    broker.await_count(&backup, 4, DEFAULT_TIMEOUT).await;
+    broker.await_count(&logging, 4, DEFAULT_TIMEOUT).await;
+    wait_settled(&inbound, DEFAULT_TIMEOUT).await;
+    let metrics = Metrics::parse(&forwarder.telemetry().render());
+    let route = |endpoint| [("branch", "service"), ("endpoint", endpoint)];
+    assert_eq!(
+        metrics.value(
+            "switchyard_failovers_total",
+            &[
+                ("branch", "service"),
+                ("from", "service"),
+                ("to", "service_backup")
+            ]
+        ),
+        1.0
+    );
+    assert_eq!(
+        metrics.value("switchyard_messages_forwarded_total", &route("service")),
+        2.0
+    );
+    assert_eq!(
+        metrics.value(
+            "switchyard_messages_forwarded_total",
+            &route("service_backup")
+        ),
+        4.0,
+        "every copy the backup holds, replays included"
+    );
+    assert_eq!(
+        metrics.value("switchyard_replays_total", &route("service_backup")),
+        2.0
+    );
+
+    broker.declare_queue(&service).await;
+    let two = Session::named("two");
+    publish(&broker, &inbound, &two.messages(0..2, 9)).await;
+    broker
+        .await_count(&format!("{p}.dlq"), 2, DEFAULT_TIMEOUT)
+        .await;
+    let config = std::env::temp_dir().join(format!("{p}-dlq.toml"));
+    std::fs::write(&config, &toml).unwrap_or_else(|e| panic!("{e}"));
+    let listing = dlq_cli(&config, &["inspect", "--json"]);
+    let records: Vec<serde_json::Value> = listing
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(records.len(), 2, "{listing}");
+    for record in &records {
+        assert_eq!(record["reason"], "session-timeout", "{record}");
+        assert_eq!(record["failed"], serde_json::json!([]), "{record}");
+        assert_eq!(
+            record["delivered"],
+            serde_json::json!(["service", "logging"]),
+            "{record}"
+        );
+    }
+    let redriven = dlq_cli(&config, &["redrive"]);
+    assert!(
+        redriven.contains("removed two/0: every branch already holds it")
+            && redriven.contains("0 of 2 dead letter(s) redriven")
+            && redriven.contains("2 already held by every branch, removed"),
+        "{redriven}"
+    );
+    assert_eq!(broker.queue_len(&format!("{p}.dlq")).await, 0);
+    assert_eq!(
+        broker.queue_len(&inbound).await,
+        0,
+        "nothing was sent again"
+    );
+    assert_eq!(broker.queue_len(&service).await, 2);
+    assert_eq!(broker.queue_len(&logging).await, 6);
+    forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    let _ = std::fs::remove_file(config);
     delete_all_with_prefix(&p).await;
 }

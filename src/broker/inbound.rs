@@ -95,6 +95,74 @@ impl Receipt {
     }
 }
 
+/// How a message was settled, as a test reads it back.
+#[cfg(test)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// Acked.
+    Ack,
+    /// Nacked without requeue: dead-lettered through the queue's DLX.
+    DeadLetter,
+    /// Handed back to the queue (nacked with requeue, or dropped).
+    Requeue,
+}
+
+/// Receipts that settle into a log instead of a channel, for unit tests of
+/// what the pipeline settles.
+#[cfg(test)]
+pub struct SettledLog {
+    sender: mpsc::UnboundedSender<Settle>,
+    log: mpsc::UnboundedReceiver<Settle>,
+    lost: CancellationToken,
+}
+
+#[cfg(test)]
+impl Default for SettledLog {
+    /// An empty log whose receipts share one inbound channel.
+    fn default() -> Self {
+        let (sender, log) = mpsc::unbounded_channel();
+        Self {
+            sender,
+            log,
+            lost: CancellationToken::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+impl SettledLog {
+    /// A receipt for delivery `tag`.
+    pub fn receipt(&self, tag: u64) -> Receipt {
+        Receipt {
+            tag,
+            settle: Some(self.sender.clone()),
+            lost: self.lost.clone(),
+        }
+    }
+
+    /// The loss of the receipts' channel.
+    pub fn lost(&self) -> &CancellationToken {
+        &self.lost
+    }
+
+    /// Every settlement so far, by tag, in order.
+    pub fn drain(&mut self) -> Vec<(u64, Settled)> {
+        let mut out = Vec::new();
+        while let Ok(settle) = self.log.try_recv() {
+            out.push(match settle {
+                Settle::Track(_) => continue,
+                Settle::Ack(tag) => (tag, Settled::Ack),
+                Settle::Reject {
+                    tag,
+                    requeue: false,
+                } => (tag, Settled::DeadLetter),
+                Settle::Reject { tag, requeue: true } => (tag, Settled::Requeue),
+            });
+        }
+        out
+    }
+}
+
 impl Drop for Receipt {
     fn drop(&mut self) {
         if let Some(settle) = self.settle.take() {

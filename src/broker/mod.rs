@@ -15,6 +15,8 @@
 //!   copies put back on the inbound queue, for `dlq inspect` / `redrive`.
 //! - `error`: broker errors with their reply codes, classified by fault.
 //! - `health`: endpoint health, marked by publishers, read by deliveries.
+//! - `registry`: the publishers of one configuration by endpoint, behind
+//!   the [`Publish`] seam the delivery engine uses.
 //! - [`frame_size`]: content header size, checked before publishing.
 //! - `tls`: the PEM files of `amqps://` brokers, read at load time, and
 //!   TLS failures told apart from other connect errors.
@@ -26,6 +28,7 @@ pub mod frame_size;
 mod health;
 mod inbound;
 mod publisher;
+mod registry;
 mod tls;
 mod topology;
 
@@ -34,5 +37,8 @@ pub use dlq_reader::{DlqReader, ReadError, RepublishError};
 pub use error::{BrokerError, Fault, Level, code};
 pub use health::{Down, EndpointHealth};
 pub use inbound::{ConsumeError, InboundChannel, Receipt, open_inbound};
+#[cfg(test)]
+pub use inbound::{Settled, SettledLog};
 pub use publisher::{Mode, PublishFailure, Publisher};
+pub use registry::{Attempt, Health, Publish, Publishers};
 pub use topology::{TopologyError, declare_endpoint_queue, prepare_inbound, redeclare_inbound};

@@ -50,6 +50,17 @@ pub struct Death {
     pub routing_keys: Vec<String>,
 }
 
+/// Which branches a dead letter has not reached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Missing {
+    /// Nothing is known of its branches: every branch.
+    Every,
+    /// These branches.
+    Only(Vec<String>),
+    /// Every branch already holds it.
+    Nothing,
+}
+
 /// A dead letter, read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
@@ -151,6 +162,20 @@ impl Record {
     /// The failed branch names, for `x-switchyard-only`.
     pub fn failed_branches(&self) -> Vec<String> {
         self.failed.iter().map(|f| f.branch.clone()).collect()
+    }
+
+    /// The branches a redrive must still reach: the failed ones; none when
+    /// the forwarder recorded that every branch holds the message (a
+    /// session's message delivered everywhere before the session failed);
+    /// every branch when nothing is known.
+    pub fn missing(&self) -> Missing {
+        if !self.failed.is_empty() {
+            Missing::Only(self.failed_branches())
+        } else if self.annotated && !self.delivered.is_empty() {
+            Missing::Nothing
+        } else {
+            Missing::Every
+        }
     }
 
     /// Milliseconds since it was dead-lettered, if known.

@@ -4,13 +4,16 @@
 //! exchange, `mandatory`, on a confirm channel) without the forwarder's
 //! annotations and the broker's dead-letter headers, with
 //! `x-switchyard-only` naming the branches it failed on, if any, so the
-//! branches it already reached get no duplicate. Its dead-letter copy is
+//! branches it already reached get no duplicate. One that every branch
+//! already holds (the forwarder recorded it delivered everywhere: a
+//! session's message, dead-lettered with its set) is removed without a
+//! copy. Its dead-letter copy is
 //! acked only after that publish is confirmed, one message at a time. A
 //! message the broker refuses for itself stays in the dead-letter queue and
 //! the others carry on; anything else (the inbound queue is missing or
 //! full, the connection is lost, no confirm) stops the run with what it did.
 
-use super::record::redrive_properties;
+use super::record::{Missing, redrive_properties};
 use super::{Counts, DlqError, Scan, Selection, open};
 use crate::broker::RepublishError;
 use crate::config::Settings;
@@ -35,6 +38,8 @@ pub struct Redriven {
     pub redriven: u64,
     /// Dead letters the broker refused to take back as they are; left in place.
     pub refused: u64,
+    /// Dead letters every branch already held, removed without a copy.
+    pub held: u64,
     /// Nothing was published or removed.
     pub dry_run: bool,
 }
@@ -54,6 +59,9 @@ impl fmt::Display for Redriven {
                 "{} of {} dead letter(s) redriven from {} to {}",
                 self.redriven, c.queued, self.from, self.to
             )?;
+            if self.held > 0 {
+                write!(f, "; {} already held by every branch, removed", self.held)?;
+            }
             if self.refused > 0 {
                 write!(
                     f,
@@ -96,6 +104,7 @@ pub async fn redrive(
         counts: scan.counts,
         redriven: 0,
         refused: 0,
+        held: 0,
         dry_run,
     };
     let mut interrupt = std::pin::pin!(interrupt);
@@ -111,8 +120,25 @@ pub async fn redrive(
             Err(e) => break Err(e.to_string()),
         };
         bar.set_position(scan.counts.seen);
-        let only = record.failed_branches();
         let id = record.message_id.as_deref().unwrap_or("-");
+        let only = match record.missing() {
+            Missing::Every => Vec::new(),
+            Missing::Only(branches) => branches,
+            Missing::Nothing => {
+                let line = if dry_run {
+                    format!("would remove {id}: every branch already holds it")
+                } else if let Err(e) = reader.ack(message.delivery_tag).await {
+                    break Err(format!("{id} could not be removed: {e}"));
+                } else {
+                    done.held += 1;
+                    format!("removed {id}: every branch already holds it")
+                };
+                if let Err(e) = writeln!(out, "{line}") {
+                    break Err(e.to_string());
+                }
+                continue;
+            }
+        };
         if dry_run {
             let to = if only.is_empty() {
                 "every branch".to_owned()

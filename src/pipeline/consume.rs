@@ -18,19 +18,19 @@
 //! and opens the new consumer with a fresh `prefetch` of permits, so no
 //! message is lost or acked twice.
 
-use super::Forwarder;
-use super::deliver;
+use super::engine::{self, spawn_held};
 use super::generation::Generation;
-use super::outcome::Verdict;
-use super::sessions;
+use super::live::Live;
+use super::sessions::{self, Sessions};
 use crate::broker::{
     ConnectError, ConsumeError, InboundChannel, Receipt, open_inbound, redeclare_inbound,
 };
 use crate::envelope::Envelope;
 use crate::reload::Reload;
+use crate::telemetry::Telemetry;
 use futures_util::future::Either;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -43,111 +43,122 @@ enum Leave {
     Reconfigured,
 }
 
-/// Consumes until `shutdown`, applying each reload `reloads` yields; returns
-/// the channel still open, to be closed once in-flight transactions have
-/// drained.
-pub(super) async fn consume_until(
-    forwarder: &Forwarder,
-    reloads: &mut Option<mpsc::Receiver<Reload>>,
-    shutdown: &CancellationToken,
-    tracker: &TaskTracker,
-) -> Option<InboundChannel> {
-    let telemetry = &forwarder.telemetry;
-    let (mut permits, mut prefetch) = permits_for(&forwarder.current());
-    let mut delay = Duration::from_millis(100);
-    let mut reopening = false;
-    while !shutdown.is_cancelled() {
-        let generation = forwarder.current();
-        let settings = &generation.settings;
-        let queue = &settings.inbound.queue;
-        if reopening && settings.inbound.declare {
-            // A deleted inbound queue comes back; anything else is logged by
-            // the open below.
-            let _ = redeclare_inbound(generation.topology_connector(), settings).await;
-        }
-        reopening = true;
-        let opened = tokio::select! {
-            () = shutdown.cancelled() => return None,
-            opened = open_inbound(&generation.consume_connector.0, settings) => opened,
-        };
-        let mut inbound = match opened {
-            Ok(inbound) => inbound,
-            Err(why) => {
-                let connector = generation.consume_connector.0.clone();
-                let retry = match why {
-                    // Logged by the connector, with its next try: the one to wait for.
-                    ConsumeError::Connect(
-                        ConnectError::Refused { .. }
-                        | ConnectError::Connect { .. }
-                        | ConnectError::BackingOff { .. },
-                    ) => Either::Left(async move {
-                        connector.next_attempt().await;
-                    }),
-                    other => {
-                        telemetry.consumer_lost(queue, &other.to_string());
-                        Either::Right(tokio::time::sleep(delay))
-                    }
-                };
-                drop(generation);
-                // A reload may be what fixes the consumer: it is applied at once.
-                tokio::select! {
-                    () = shutdown.cancelled() => return None,
-                    () = retry => {}
-                    reload = next_reload(reloads) => {
-                        if forwarder.reload(reload, shutdown).await {
-                            // Transactions of a lost channel end soon; the bound holds meanwhile.
-                            tokio::select! {
-                                () = shutdown.cancelled() => return None,
-                                _ = permits.acquire_many(prefetch) => {}
+/// The consumer's state: what it takes messages under and hands them to.
+pub(super) struct Consumer {
+    /// The live generation, and reloads to apply to it.
+    pub(super) live: Arc<Live>,
+    pub(super) reloads: Option<mpsc::Receiver<Reload>>,
+    /// Where messages of a session go.
+    pub(super) sessions: Sessions,
+    /// Every transaction task, awaited at shutdown.
+    pub(super) tracker: TaskTracker,
+    /// The shutdown bound: unfinished transactions are dropped.
+    pub(super) abandon: CancellationToken,
+    /// True while consuming, for readiness.
+    pub(super) consuming: Arc<AtomicBool>,
+    pub(super) telemetry: Telemetry,
+}
+
+impl Consumer {
+    /// Consumes until `shutdown`, applying each reload as it comes; returns
+    /// the channel still open, to be closed once in-flight transactions have
+    /// drained.
+    pub(super) async fn consume_until(
+        mut self,
+        shutdown: &CancellationToken,
+    ) -> Option<InboundChannel> {
+        let mut reloads = self.reloads.take();
+        let reloads = &mut reloads;
+        let forwarder = &self;
+        let telemetry = &self.telemetry;
+        let (mut permits, mut prefetch) = permits_for(&forwarder.live.current());
+        let mut delay = Duration::from_millis(100);
+        let mut reopening = false;
+        while !shutdown.is_cancelled() {
+            let generation = forwarder.live.current();
+            let settings = &generation.settings;
+            let queue = &settings.inbound.queue;
+            if reopening && settings.inbound.declare {
+                // A deleted inbound queue comes back; anything else is logged by
+                // the open below.
+                let _ = redeclare_inbound(generation.topology_connector(), settings).await;
+            }
+            reopening = true;
+            let opened = tokio::select! {
+                () = shutdown.cancelled() => return None,
+                opened = open_inbound(&generation.consume_connector.0, settings) => opened,
+            };
+            let mut inbound = match opened {
+                Ok(inbound) => inbound,
+                Err(why) => {
+                    let connector = generation.consume_connector.0.clone();
+                    let retry = match why {
+                        // Logged by the connector, with its next try: the one to wait for.
+                        ConsumeError::Connect(
+                            ConnectError::Refused { .. }
+                            | ConnectError::Connect { .. }
+                            | ConnectError::BackingOff { .. },
+                        ) => Either::Left(async move {
+                            connector.next_attempt().await;
+                        }),
+                        other => {
+                            telemetry.consumer_lost(queue, &other.to_string());
+                            Either::Right(tokio::time::sleep(delay))
+                        }
+                    };
+                    drop(generation);
+                    // A reload may be what fixes the consumer: it is applied at once.
+                    tokio::select! {
+                        () = shutdown.cancelled() => return None,
+                        () = retry => {}
+                        reload = next_reload(reloads) => {
+                            if forwarder.live.reload(reload, shutdown).await {
+                                // Transactions of a lost channel end soon; the bound holds meanwhile.
+                                tokio::select! {
+                                    () = shutdown.cancelled() => return None,
+                                    _ = permits.acquire_many(prefetch) => {}
+                                }
+                                (permits, prefetch) = permits_for(&forwarder.live.current());
                             }
-                            (permits, prefetch) = permits_for(&forwarder.current());
                         }
                     }
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                    continue;
                 }
-                delay = (delay * 2).min(Duration::from_secs(5));
-                continue;
-            }
-        };
-        delay = Duration::from_millis(100);
-        telemetry.consuming(queue, settings.inbound.prefetch);
-        forwarder.consuming.store(true, Ordering::Relaxed);
-        drop(generation);
-        let leave = consume_channel(
-            forwarder,
-            reloads,
-            shutdown,
-            tracker,
-            &mut inbound,
-            &permits,
-        )
-        .await;
-        forwarder.consuming.store(false, Ordering::Relaxed);
-        match leave {
-            Leave::Shutdown => {
-                inbound.stop_consuming().await;
-                // No more messages can come for open sessions: they go back whole.
-                forwarder.sessions.abandon_all();
-                return Some(inbound);
-            }
-            Leave::Lost => {
-                inbound.mark_lost();
-                tokio::spawn(inbound.close());
-            }
-            Leave::Reconfigured => {
-                inbound.stop_consuming().await;
-                forwarder.sessions.abandon_all();
-                // Every permit back: every transaction of this channel has settled on it.
-                tokio::select! {
-                    () = shutdown.cancelled() => return Some(inbound),
-                    _ = permits.acquire_many(prefetch) => {}
+            };
+            delay = Duration::from_millis(100);
+            telemetry.consuming(queue, settings.inbound.prefetch);
+            forwarder.consuming.store(true, Ordering::Relaxed);
+            drop(generation);
+            let leave = consume_channel(forwarder, reloads, shutdown, &mut inbound, &permits).await;
+            forwarder.consuming.store(false, Ordering::Relaxed);
+            match leave {
+                Leave::Shutdown => {
+                    inbound.stop_consuming().await;
+                    // No more messages can come for open sessions: they go back whole.
+                    forwarder.sessions.abandon_all();
+                    return Some(inbound);
                 }
-                inbound.close().await;
-                (permits, prefetch) = permits_for(&forwarder.current());
-                reopening = false;
+                Leave::Lost => {
+                    inbound.mark_lost();
+                    tokio::spawn(inbound.close());
+                }
+                Leave::Reconfigured => {
+                    inbound.stop_consuming().await;
+                    forwarder.sessions.abandon_all();
+                    // Every permit back: every transaction of this channel has settled on it.
+                    tokio::select! {
+                        () = shutdown.cancelled() => return Some(inbound),
+                        _ = permits.acquire_many(prefetch) => {}
+                    }
+                    inbound.close().await;
+                    (permits, prefetch) = permits_for(&forwarder.live.current());
+                    reopening = false;
+                }
             }
         }
+        None
     }
-    None
 }
 
 /// A semaphore of `prefetch` permits for the consumer of `generation`, and
@@ -163,10 +174,9 @@ fn permits_for(generation: &Generation) -> (Arc<Semaphore>, u32) {
 /// Consumes from one open channel until shutdown, its loss, or a reload that
 /// needs a new consumer.
 async fn consume_channel(
-    forwarder: &Forwarder,
+    forwarder: &Consumer,
     reloads: &mut Option<mpsc::Receiver<Reload>>,
     shutdown: &CancellationToken,
-    tracker: &TaskTracker,
     inbound: &mut InboundChannel,
     permits: &Arc<Semaphore>,
 ) -> Leave {
@@ -176,7 +186,7 @@ async fn consume_channel(
     loop {
         let ready = async {
             let permit = permits.clone().acquire_owned().await;
-            forwarder.wait_until_publishing().await;
+            forwarder.live.wait_until_publishing().await;
             permit
         };
         let reload = next_reload(reloads);
@@ -184,7 +194,7 @@ async fn consume_channel(
             biased;
             () = &mut stopping => return Leave::Shutdown,
             reload = reload => {
-                if forwarder.reload(reload, shutdown).await {
+                if forwarder.live.reload(reload, shutdown).await {
                     return Leave::Reconfigured;
                 }
                 continue;
@@ -195,19 +205,19 @@ async fn consume_channel(
             },
         };
         let telemetry = &forwarder.telemetry;
-        let queue = || forwarder.current().settings.inbound.queue.clone();
+        let queue = || forwarder.live.current().settings.inbound.queue.clone();
         tokio::select! {
             biased;
             () = &mut stopping => return Leave::Shutdown,
             reload = next_reload(reloads) => {
                 drop(permit);
-                if forwarder.reload(reload, shutdown).await {
+                if forwarder.live.reload(reload, shutdown).await {
                     return Leave::Reconfigured;
                 }
             }
             next = inbound.next() => match next {
                 Some(Ok((envelope, receipt))) => {
-                    dispatch(forwarder, tracker, envelope, receipt, permit)
+                    dispatch(forwarder, envelope, receipt, permit)
                 }
                 Some(Err(why)) => {
                     telemetry.consumer_lost(&queue(), &why.to_string());
@@ -236,16 +246,15 @@ async fn next_reload(reloads: &mut Option<mpsc::Receiver<Reload>>) -> Reload {
 /// Screens and routes one message under the live generation and starts its
 /// transaction, which holds `permit` and that generation until it ends.
 fn dispatch(
-    forwarder: &Forwarder,
-    tracker: &TaskTracker,
+    consumer: &Consumer,
     envelope: Envelope,
     receipt: Receipt,
     permit: OwnedSemaphorePermit,
 ) {
-    let telemetry = forwarder.telemetry.clone();
+    let telemetry = consumer.telemetry.clone();
     telemetry.consumed();
     let envelope = Arc::new(envelope);
-    let generation = forwarder.current();
+    let generation = consumer.live.current();
     let refused = generation.screen.check(&envelope);
     if let Some(config) = &generation.settings.sessions
         && let Some(id) = sessions::session_id(&envelope, config)
@@ -256,45 +265,19 @@ fn dispatch(
             permit,
             refused,
         };
-        forwarder.sessions.admit(id, arrival, &generation, config);
+        consumer.sessions.admit(id, arrival, &generation, config);
         return;
     }
-    let started = match refused {
-        Some(verdict) => Err(verdict),
-        None => {
-            let plans = generation.settings.routing.route(&envelope);
-            if plans.is_empty() {
-                Err(Verdict::no_route())
-            } else {
-                Ok(deliver::start(&envelope, plans, &generation.publishers))
-            }
-        }
+    let started = engine::route(&generation.settings.routing, &envelope, refused)
+        .map(|plans| generation.engine.start(&envelope, plans));
+    let in_flight = telemetry.transaction_started();
+    let transaction = async move {
+        let verdict = match started {
+            Ok(started) => started.finish(receipt.lost()).await.verdict(),
+            Err(verdict) => verdict,
+        };
+        generation.settler.settle(&envelope, receipt, verdict).await;
+        drop(in_flight);
     };
-    let abandon = forwarder.abandon.clone();
-    telemetry.transaction_started();
-    tracker.spawn(async move {
-        // Abandoned at the shutdown bound: dropping the receipt requeues the message.
-        tokio::select! {
-            biased;
-            () = abandon.cancelled() => {}
-            () = transact(started, receipt, &envelope, &generation) => {}
-        }
-        drop(permit);
-        telemetry.transaction_ended();
-    });
-}
-
-/// The rest of one transaction: its confirms and failovers, then its
-/// settlement.
-async fn transact(
-    started: Result<deliver::Started, Verdict>,
-    receipt: Receipt,
-    envelope: &Arc<Envelope>,
-    generation: &Generation,
-) {
-    let verdict = match started {
-        Ok(started) => started.finish(receipt.lost()).await.verdict(),
-        Err(verdict) => verdict,
-    };
-    generation.settler.settle(envelope, receipt, verdict).await;
+    spawn_held(&consumer.tracker, &consumer.abandon, permit, transaction);
 }

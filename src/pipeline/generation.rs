@@ -10,10 +10,10 @@
 //! generation uses any more closes its connection; a publisher stops when
 //! its last handle is gone and its confirms are in.
 
-use super::deliver::Publishers;
+use super::engine::{Engine, Outages};
 use super::screen::Screen;
 use super::settle::Settler;
-use crate::broker::{Blocking, Connector, EndpointHealth, Publisher, Role};
+use crate::broker::{Blocking, Connector, EndpointHealth, Publish, Publisher, Publishers, Role};
 use crate::config::Settings;
 use crate::destination::{DeadLetterMode, Endpoint};
 use crate::telemetry::Telemetry;
@@ -33,7 +33,10 @@ pub struct Generation {
     pub(super) settings: Settings,
     pub(super) consume_connector: Arc<Shared>,
     pub(super) publish_connectors: BTreeMap<String, Arc<Shared>>,
+    /// Every endpoint's publisher, by name: the health view readiness reads.
     pub(super) publishers: Publishers,
+    /// Delivers through `publishers`.
+    pub(super) engine: Engine,
     /// The publisher of annotated copies (`republish` mode).
     dead_letters: Option<Publisher>,
     pub(super) settler: Settler,
@@ -49,6 +52,8 @@ pub(super) struct Common {
     pub(super) health_epoch: Arc<watch::Sender<u64>>,
     /// Cancelled at shutdown: every publisher stops.
     pub(super) publishers_stop: CancellationToken,
+    /// Branches waiting out an outage, whichever generation they run under.
+    pub(super) outages: Outages,
     pub(super) telemetry: Telemetry,
 }
 
@@ -69,7 +74,7 @@ impl Generation {
     /// Whether messages may be taken now: no publishing broker blocks
     /// publishers and no branch waits out an outage.
     pub(super) fn publishing(&self) -> bool {
-        self.blocking.iter().all(|b| !b.borrow().blocked) && !self.publishers.in_outage()
+        self.blocking.iter().all(|b| !b.borrow().blocked) && !self.engine.outages().any()
     }
 
     /// Compiles `settings` into generation `number`, reusing what `previous`
@@ -147,6 +152,10 @@ impl Generation {
                 .values()
                 .map(|endpoint| publisher(endpoint, old_publisher(&endpoint.name))),
             common.health_epoch.subscribe(),
+        );
+        let engine = Engine::new(
+            Arc::new(publishers.clone()),
+            common.outages.clone(),
             telemetry.clone(),
         );
         let dead_letters = (settings.dead_letter.mode == DeadLetterMode::Republish).then(|| {
@@ -166,7 +175,12 @@ impl Generation {
         });
         let settler = Settler::new(
             settings.dead_letter.mode,
-            dead_letters.clone(),
+            dead_letters.as_ref().map(|publisher| {
+                let registry =
+                    Publishers::new([publisher.clone()], common.health_epoch.subscribe());
+                let publish: Arc<dyn Publish> = Arc::new(registry);
+                (publish, publisher.endpoint().clone())
+            }),
             &settings.inbound.queue,
             telemetry.clone(),
         );
@@ -192,6 +206,7 @@ impl Generation {
             consume_connector,
             publish_connectors,
             publishers,
+            engine,
             dead_letters,
             settler,
             screen,
@@ -222,5 +237,37 @@ impl Generation {
         next.settings.endpoints.values().filter(|e| {
             e.declare_queue.is_some() && self.settings.endpoints.get(&e.name) != Some(e)
         })
+    }
+}
+
+#[cfg(test)]
+impl Generation {
+    /// Generation 1 of `settings`, delivering through `publish` (a scripted
+    /// stand-in) with `telemetry`. Its publishers never connect: nothing
+    /// publishes through them.
+    pub(super) fn scripted(
+        settings: Settings,
+        publish: Arc<dyn crate::broker::Publish>,
+        telemetry: Telemetry,
+    ) -> Self {
+        let common = Common {
+            health_epoch: Arc::new(watch::Sender::new(0)),
+            publishers_stop: CancellationToken::new(),
+            outages: Outages::default(),
+            telemetry: telemetry.clone(),
+        };
+        let mut generation = Self::build(1, settings, None, &common);
+        let dead_letters = generation
+            .dead_letters
+            .as_ref()
+            .map(|p| (publish.clone(), p.endpoint().clone()));
+        generation.settler = Settler::new(
+            generation.settings.dead_letter.mode,
+            dead_letters,
+            &generation.settings.inbound.queue,
+            telemetry.clone(),
+        );
+        generation.engine = Engine::new(publish, common.outages, telemetry);
+        generation
     }
 }

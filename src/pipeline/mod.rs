@@ -4,9 +4,12 @@
 //!   task each, reconnecting the consumer when it is lost.
 //! - [`screen`]: the verdict for a message that must not be forwarded.
 //! - route: [`crate::routing`], pure.
-//! - [`deliver`]: one confirmed copy per branch, backup lists walked.
-//! - [`sessions`]: a session's messages as one transaction over a set:
-//!   ordered, replayed on failover, settled as a unit.
+//! - [`engine`]: deliver, the one delivery engine: a branch delivers an
+//!   ordered run of messages down its endpoint list (a run of one for an
+//!   independent message), backup lists walked.
+//! - [`sessions`]: what only sessions have (slots, limits, idle and closed
+//!   sessions), driving the engine with a run that grows as they arrive.
+//! - `live`: the live generation, switched on reload.
 //! - [`outcome`]: branch outcomes and the verdict they reach.
 //! - [`settle`]: verdict → ack or dead letter.
 //! - `generation`: one live configuration compiled into all of the above,
@@ -21,18 +24,23 @@
 //! on every branch.
 
 mod consume;
-pub mod deliver;
+pub mod engine;
 mod generation;
+mod live;
 pub mod outcome;
 pub mod screen;
 pub mod sessions;
 pub mod settle;
+#[cfg(test)]
+mod testkit;
 
 use crate::broker::{ConnectError, TopologyError, declare_endpoint_queue, prepare_inbound};
 use crate::config::Settings;
 use crate::reload::Reload;
 use crate::telemetry::Telemetry;
+use engine::Outages;
 use generation::{Common, Generation};
+use live::Live;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -56,10 +64,8 @@ pub enum RunError {
 
 /// A configured forwarder, not yet connected.
 pub struct Forwarder {
-    /// The live generation; each transaction keeps the one it started with.
-    generation: watch::Sender<Arc<Generation>>,
-    /// What every generation shares.
-    common: Common,
+    /// The live generation and what every generation shares.
+    live: Arc<Live>,
     /// New configurations to switch to, each already loaded or rejected.
     reloads: Option<mpsc::Receiver<Reload>>,
     /// Cancelled when the shutdown bound is reached: unfinished transactions
@@ -83,14 +89,13 @@ impl Forwarder {
         let common = Common {
             health_epoch: Arc::new(watch::Sender::new(0)),
             publishers_stop: CancellationToken::new(),
+            outages: Outages::default(),
             telemetry: telemetry.clone(),
         };
-        let first = Generation::build(1, settings, None, &common);
         let tracker = TaskTracker::new();
         let abandon = CancellationToken::new();
         Self {
-            generation: watch::Sender::new(Arc::new(first)),
-            common,
+            live: Arc::new(Live::new(settings, common)),
             reloads: None,
             sessions: sessions::Sessions::new(tracker.clone(), abandon.clone(), telemetry.clone()),
             tracker,
@@ -120,47 +125,34 @@ impl Forwarder {
     pub fn readiness(&self) -> Readiness {
         Readiness {
             consuming: self.consuming.clone(),
-            generation: self.generation.subscribe(),
-        }
-    }
-
-    /// The live generation.
-    fn current(&self) -> Arc<Generation> {
-        self.generation.borrow().clone()
-    }
-
-    /// Returns once no publishing broker of the live generation blocks
-    /// publishers and no branch waits out an outage.
-    async fn wait_until_publishing(&self) {
-        loop {
-            // Checked first, so the usual case makes no receiver at all.
-            let generation = self.current();
-            if generation.publishing() {
-                return;
-            }
-            for blocking in &generation.blocking {
-                let _ = blocking.clone().wait_for(|b| !b.blocked).await;
-            }
-            generation.publishers.no_outage().await;
+            generation: self.live.subscribe(),
         }
     }
 
     /// Runs until `shutdown` is cancelled, then drains and closes.
     pub async fn run(mut self, shutdown: CancellationToken) -> Result<(), RunError> {
-        let first = self.current();
+        let first = self.live.current();
         self.prepare(&first, &shutdown).await?;
         if !shutdown.is_cancelled() {
             for reason in outcome::Reason::ALL {
                 self.telemetry.reason_known(reason.as_str());
             }
-            self.announce(&first);
+            self.live.announce(&first);
         }
         drop(first);
-        let mut reloads = self.reloads.take();
-        let tracker = self.tracker.clone();
-        let inbound = consume::consume_until(&self, &mut reloads, &shutdown, &tracker).await;
+        let consumer = consume::Consumer {
+            live: self.live.clone(),
+            reloads: self.reloads.take(),
+            sessions: self.sessions.clone(),
+            tracker: self.tracker.clone(),
+            abandon: self.abandon.clone(),
+            consuming: self.consuming.clone(),
+            telemetry: self.telemetry.clone(),
+        };
+        let inbound = consumer.consume_until(&shutdown).await;
+        let tracker = &self.tracker;
         tracker.close();
-        let bound = self.current().settings.shutdown_timeout;
+        let bound = self.live.current().settings.shutdown_timeout;
         if tokio::time::timeout(bound, tracker.wait()).await.is_err() {
             self.telemetry.shutdown_bound_reached(tracker.len(), bound);
             self.abandon.cancel();
@@ -169,8 +161,9 @@ impl Forwarder {
         if let Some(inbound) = inbound {
             inbound.close().await;
         }
-        self.common.publishers_stop.cancel();
-        let last = self.current();
+        let common = &self.live.common;
+        common.publishers_stop.cancel();
+        let last = self.live.current();
         // Concurrently: a stalled broker must not add its close timeout to every other's.
         let closes = std::iter::once(&last.consume_connector)
             .chain(last.publish_connectors.values())
@@ -178,72 +171,6 @@ impl Forwarder {
         futures_util::future::join_all(closes).await;
         self.telemetry.stopped();
         Ok(())
-    }
-
-    /// Tells telemetry that `generation` is live: its branches, its number.
-    fn announce(&self, generation: &Generation) {
-        let routing = &generation.settings.routing;
-        for (branch, endpoints) in routing.branch_endpoints() {
-            let names: Vec<&str> = endpoints.iter().map(|e| e.name.as_str()).collect();
-            self.telemetry.branch_known(branch, &names);
-        }
-        self.telemetry
-            .config_loaded(generation.number, routing.branch_names().count());
-    }
-
-    /// Loads, prepares and switches to a new configuration; a rejected one
-    /// changes nothing. Returns whether the live generation changed in a
-    /// way that needs a new consumer.
-    async fn reload(&self, reload: Reload, shutdown: &CancellationToken) -> bool {
-        let settings = match reload {
-            Ok(settings) => settings,
-            Err(why) => {
-                self.telemetry.reload_rejected(&why);
-                return false;
-            }
-        };
-        let current = self.current();
-        let next = Generation::build(current.number + 1, settings, Some(&current), &self.common);
-        let inbound_differs = current.inbound_differs(&next);
-        let topology_differs =
-            inbound_differs || current.settings.dead_letter != next.settings.dead_letter;
-        if topology_differs {
-            let prepared = tokio::select! {
-                () = shutdown.cancelled() => return false,
-                prepared = prepare_inbound(next.topology_connector(), &next.settings) => prepared,
-            };
-            if let Err(why) = prepared {
-                self.telemetry.reload_rejected(&why);
-                return false;
-            }
-        }
-        for endpoint in current.endpoints_to_declare(&next) {
-            let connector = &next.publish_connectors[&endpoint.broker].0;
-            match declare_endpoint_queue(connector, endpoint).await {
-                Ok(()) => {}
-                Err(TopologyError::Refused(why)) => {
-                    self.telemetry.reload_rejected(&why);
-                    return false;
-                }
-                Err(why) => self
-                    .telemetry
-                    .endpoint_queue_undeclared(&endpoint.name, &why),
-            }
-        }
-        if next.settings.worker_threads != current.settings.worker_threads {
-            self.telemetry.reload_needs_restart(
-                "worker_threads",
-                "the runtime keeps its threads until the next start",
-            );
-        }
-        if next.settings.admin_listen != current.settings.admin_listen {
-            self.telemetry
-                .reload_needs_restart("admin.listen", "the admin listener keeps its address");
-        }
-        let next = Arc::new(next);
-        self.generation.send_replace(next.clone());
-        self.announce(&next);
-        inbound_differs
     }
 
     /// Declares what `generation` asks for, retrying while the broker

@@ -14,8 +14,9 @@
 
 use super::outcome::{Reason, Verdict};
 use crate::amqp::{AmqpValue, FieldArray, FieldTable, Properties, ShortString};
-use crate::broker::{Mode, PublishFailure, Publisher, Receipt};
+use crate::broker::{Mode, Publish, PublishFailure, Receipt};
 use crate::destination::DeadLetterMode;
+use crate::destination::Endpoint;
 use crate::envelope::{Envelope, MAX_HEADER_DEPTH, value_depth};
 use crate::telemetry::Telemetry;
 use crate::wire;
@@ -26,12 +27,15 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 const RETRY_FIRST: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(30);
 
+/// The dead-letter endpoint of `republish` mode and what publishes to it.
+pub type DeadLetters = (Arc<dyn Publish>, Arc<Endpoint>);
+
 /// Turns verdicts into settlements.
 #[derive(Clone)]
 pub struct Settler {
     mode: DeadLetterMode,
-    /// Publishes annotated copies in `republish` mode.
-    dead_letters: Option<Publisher>,
+    /// Where annotated copies go in `republish` mode, and through what.
+    dead_letters: Option<DeadLetters>,
     source_queue: Arc<str>,
     telemetry: Telemetry,
 }
@@ -40,7 +44,7 @@ impl Settler {
     /// A settler; `dead_letters` is required in `republish` mode.
     pub fn new(
         mode: DeadLetterMode,
-        dead_letters: Option<Publisher>,
+        dead_letters: Option<DeadLetters>,
         source_queue: &str,
         telemetry: Telemetry,
     ) -> Self {
@@ -118,12 +122,19 @@ impl Settler {
             })
             .collect();
         let republished = match (&self.mode, &self.dead_letters) {
-            (DeadLetterMode::Republish, Some(publisher)) => {
+            (DeadLetterMode::Republish, Some(dead_letters)) => {
                 for (envelope, receipt, letter) in &letters {
                     let (copy, headers) = self.copy(envelope, letter, &extra);
                     let reason = letter.reason.as_str();
-                    if !publish_dead_letter(publisher, &copy, headers, receipt, reason, telemetry)
-                        .await
+                    if !publish_dead_letter(
+                        dead_letters,
+                        &copy,
+                        headers,
+                        receipt,
+                        reason,
+                        telemetry,
+                    )
+                    .await
                     {
                         // The inbound channel is lost: the broker redelivers the set.
                         return;
@@ -195,7 +206,7 @@ struct Letter {
 /// Publishes the dead-letter copy until it is confirmed (`true`) or the
 /// inbound channel is lost (`false`: the broker redelivers the original).
 async fn publish_dead_letter(
-    publisher: &Publisher,
+    dead_letters: &DeadLetters,
     envelope: &Arc<Envelope>,
     headers: Vec<(ShortString, AmqpValue)>,
     receipt: &Receipt,
@@ -211,7 +222,8 @@ async fn publish_dead_letter(
         if receipt.lost().is_cancelled() {
             return false;
         }
-        match publisher.publish(copy.clone(), extra.clone(), mode).await {
+        let (publish, endpoint) = dead_letters;
+        match publish.publish(endpoint, &copy, extra.clone(), mode).await {
             Ok(()) => return true,
             Err(e) if e.is_suspect() => mode = Mode::Alone,
             Err(PublishFailure::Rejected(why)) if Arc::ptr_eq(&copy, envelope) => {

@@ -166,6 +166,12 @@ impl BranchPlan {
         let n = self.endpoints.len();
         (0..n).map(move |i| &self.endpoints[(self.start + i) % n])
     }
+
+    /// The endpoint tried `i`-th (from 0), if the list is that long.
+    pub fn endpoint(&self, i: usize) -> Option<&Arc<Endpoint>> {
+        let n = self.endpoints.len();
+        (i < n).then(|| &self.endpoints[(self.start + i) % n])
+    }
 }
 
 /// The compiled filter table.

@@ -85,6 +85,7 @@ pub(super) struct Metrics {
     pub(super) consumed: Counter,
     pub(super) forwarded: RouteCounters,
     pub(super) retries: RouteCounters,
+    pub(super) replays: RouteCounters,
     pub(super) failovers: Family<FailoverLabels, Counter>,
     pub(super) dead_lettered: Family<ReasonLabels, Counter>,
     pub(super) confirm_seconds: Histogram,
@@ -101,6 +102,7 @@ impl Metrics {
             consumed: Counter::default(),
             forwarded: RouteCounters::default(),
             retries: RouteCounters::default(),
+            replays: RouteCounters::default(),
             failovers: Family::default(),
             dead_lettered: Family::default(),
             confirm_seconds: Histogram::new(CONFIRM_BUCKETS),
@@ -125,6 +127,11 @@ impl Metrics {
             "switchyard_endpoint_retries",
             "Attempts repeated on the same endpoint (endpoints.X.retries), by branch and endpoint",
             metrics.retries.family.clone(),
+        );
+        r.register(
+            "switchyard_replays",
+            "Copies of a session's earlier messages sent again to the endpoint a branch failed over to, by branch and endpoint",
+            metrics.replays.family.clone(),
         );
         r.register(
             "switchyard_failovers",

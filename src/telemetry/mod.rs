@@ -67,6 +67,26 @@ impl std::fmt::Debug for Telemetry {
     }
 }
 
+/// One transaction counted in `switchyard_in_flight` while it lives.
+#[must_use = "the transaction ends when this is dropped"]
+pub struct InFlight(Arc<Metrics>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.dec();
+    }
+}
+
+/// A session's part in a failover: its id, and how many of its messages
+/// the next endpoint is sent again before the new one.
+#[derive(Debug, Clone, Copy)]
+pub struct Replay<'a> {
+    /// The session id.
+    pub session: &'a str,
+    /// Messages replayed.
+    pub replaying: usize,
+}
+
 /// What the startup summary says.
 #[derive(Debug)]
 pub struct StartupSummary<'a> {
@@ -129,14 +149,11 @@ impl Telemetry {
         self.metrics.consumed.inc();
     }
 
-    /// A transaction started.
-    pub fn transaction_started(&self) {
+    /// A transaction started; it ends (settled, or abandoned to be
+    /// redelivered) when the returned guard is dropped.
+    pub fn transaction_started(&self) -> InFlight {
         self.metrics.in_flight.inc();
-    }
-
-    /// A transaction ended (settled, or abandoned to be redelivered).
-    pub fn transaction_ended(&self) {
-        self.metrics.in_flight.dec();
+        InFlight(self.metrics.clone())
     }
 
     /// Starts the series of a branch at zero, so that they are exposed
@@ -145,6 +162,7 @@ impl Telemetry {
     pub fn branch_known(&self, branch: &str, endpoints: &[&str]) {
         for endpoint in endpoints {
             let _ = self.metrics.forwarded.get(branch, endpoint);
+            let _ = self.metrics.replays.get(branch, endpoint);
         }
         for pair in endpoints.windows(2) {
             let _ = self.metrics.failovers.get_or_create(&FailoverLabels {
@@ -192,10 +210,17 @@ impl Telemetry {
         self.metrics.confirm_seconds.observe(elapsed.as_secs_f64());
     }
 
-    /// A branch's copy was confirmed by `endpoint`.
+    /// A copy of a branch's message was confirmed by `endpoint` (a
+    /// session's replayed copies included: each counts).
     pub fn forwarded(&self, message_id: &str, branch: &str, endpoint: &str) {
         tracing::debug!(message_id, branch, endpoint, "delivered");
         self.metrics.forwarded.inc(branch, endpoint);
+    }
+
+    /// A copy of a session's earlier message was confirmed by the endpoint
+    /// its branch failed over to.
+    pub fn replayed(&self, branch: &str, endpoint: &str) {
+        self.metrics.replays.inc(branch, endpoint);
     }
 
     /// An attempt on `endpoint` failed and the endpoint will be tried again.
@@ -204,31 +229,44 @@ impl Telemetry {
         self.metrics.retries.inc(branch, endpoint);
     }
 
-    /// A branch leaves `from` for `to` (`None`: its list is exhausted).
+    /// A branch leaves `from` for `to` (`None`: its list is exhausted). On
+    /// a session's branch, `session` names it and how many of its messages
+    /// `to` is sent again first.
     pub fn failover(
         &self,
         message_id: &str,
         branch: &str,
-        from: &str,
-        to: Option<&str>,
+        (from, to): (&str, Option<&str>),
         error: &dyn Display,
+        session: Option<Replay<'_>>,
     ) {
-        match to {
-            Some(to) => {
-                tracing::warn!(message_id, branch, endpoint = from, next = to, %error, "failover");
-                self.metrics
-                    .failovers
-                    .get_or_create(&FailoverLabels {
-                        branch: branch.to_owned(),
-                        from: from.to_owned(),
-                        to: to.to_owned(),
-                    })
-                    .inc();
-            }
+        let Some(to) = to else {
+            tracing::warn!(message_id, branch, endpoint = from, %error, "backup list exhausted");
+            return;
+        };
+        match session {
+            Some(Replay { session, replaying }) => tracing::warn!(
+                session,
+                message_id,
+                branch,
+                endpoint = from,
+                next = to,
+                replaying,
+                %error,
+                "session failover; replaying the session to the next endpoint"
+            ),
             None => {
-                tracing::warn!(message_id, branch, endpoint = from, %error, "backup list exhausted")
+                tracing::warn!(message_id, branch, endpoint = from, next = to, %error, "failover")
             }
         }
+        self.metrics
+            .failovers
+            .get_or_create(&FailoverLabels {
+                branch: branch.to_owned(),
+                from: from.to_owned(),
+                to: to.to_owned(),
+            })
+            .inc();
     }
 
     /// A message was dead-lettered.
@@ -485,7 +523,7 @@ fn millis(d: Duration) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::Telemetry;
+    use super::{Replay, Telemetry};
     use std::time::Duration;
 
     fn sample(text: &str, series: &str) -> Option<f64> {
@@ -532,13 +570,19 @@ mod tests {
         }
         telemetry.forwarded("m", "logging", "primary");
         telemetry.clone().consumed();
-        telemetry.failover("m", "service", "primary", Some("backup"), &"nacked");
-        telemetry.failover("m", "service", "backup", None, &"nacked");
+        telemetry.failover("m", "service", ("primary", Some("backup")), &"nacked", None);
+        let replay = Some(Replay {
+            session: "s",
+            replaying: 2,
+        });
+        telemetry.failover("m", "service", ("backup", Some("third")), &"nacked", replay);
+        telemetry.failover("m", "service", ("third", None), &"nacked", None);
+        telemetry.replayed("service", "third");
         telemetry.dead_lettered("m", "exhausted", "nacked", &[], &[], "nack");
         telemetry.endpoint_registered("primary");
         telemetry.endpoint_down("primary", "connection", &"gone");
         telemetry.confirmed(Duration::from_millis(3));
-        telemetry.transaction_started();
+        let _in_flight = telemetry.transaction_started();
         telemetry.config_loaded(1, 2);
         let text = telemetry.render();
         let cases = [
@@ -555,6 +599,14 @@ mod tests {
                 r#"switchyard_failovers_total{branch="service",from="primary",to="backup"}"#,
                 1.0,
             ),
+            (
+                r#"switchyard_failovers_total{branch="service",from="backup",to="third"}"#,
+                1.0,
+            ),
+            (
+                r#"switchyard_replays_total{branch="service",endpoint="third"}"#,
+                1.0,
+            ),
             (r#"switchyard_dead_lettered_total{reason="exhausted"}"#, 1.0),
             (r#"switchyard_endpoint_up{endpoint="primary"}"#, 0.0),
             ("switchyard_confirm_seconds_count", 1.0),
@@ -568,8 +620,8 @@ mod tests {
         }
         assert_eq!(
             text.matches("switchyard_failovers_total{").count(),
-            1,
-            "an exhausted list is not a failover"
+            2,
+            "a session's failover counts as one; an exhausted list is not one"
         );
         assert_eq!(
             sample(&other.render(), "switchyard_messages_consumed_total"),

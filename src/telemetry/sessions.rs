@@ -2,7 +2,6 @@
 //! event names the session by its id, as the producer set it.
 
 use super::Telemetry;
-use std::fmt::Display;
 use std::time::Duration;
 
 impl Telemetry {
@@ -31,29 +30,6 @@ impl Telemetry {
     /// The end message was delivered on every branch: the set is acked.
     pub fn session_completed(&self, session: &str, messages: usize) {
         tracing::info!(session, messages, "session completed; acking its set");
-    }
-
-    /// A branch of a session moves to its next endpoint and replays the
-    /// messages it had already sent.
-    pub fn session_failover(
-        &self,
-        session: &str,
-        message_id: &str,
-        branch: &str,
-        (from, to): (&str, &str),
-        replaying: usize,
-        error: &dyn Display,
-    ) {
-        tracing::warn!(
-            session,
-            message_id,
-            branch,
-            endpoint = from,
-            next = to,
-            replaying,
-            %error,
-            "session failover; replaying the session to the next endpoint"
-        );
     }
 
     /// A whole session goes to the dead letters, in order.

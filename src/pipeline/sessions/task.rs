@@ -1,36 +1,47 @@
 //! One open session: its task takes the session's messages in arrival
-//! order, forwards each on every branch (see [`super::affinity`]) before
-//! taking the next, and settles the set as one unit:
+//! order, delivers each on every branch through the engine (each branch a
+//! [`BranchRun`] over the whole set, so it keeps its endpoint and replays
+//! on failover) before taking the next, and settles the set as one unit:
 //! - the end message delivered on every branch: every message is acked;
-//! - a branch exhausted its list (`exhausted`), the broker refused a message
-//!   itself (`rejected`), the screen refused one (its reason), no filter
-//!   matched the first (`no-route`), no message for `idle_timeout_ms`
+//! - the verdict of a message's branches is a dead letter (`exhausted`,
+//!   `rejected`), the screen refused one (its reason), no filter matched
+//!   the first (`no-route`), no message for `idle_timeout_ms`
 //!   (`session-timeout`), or the set outgrew `max_messages` / `max_bytes`
 //!   (`session-too-large`): every message is dead-lettered, in order,
-//!   annotated with the session id;
+//!   annotated with the session id and, for each message, which branches
+//!   hold it and which do not;
 //! - the inbound channel lost, or the consumer stopping: nothing is settled.
 //!
-//! The branches are chosen by the session's first message.
+//! The branches are chosen by the session's first message, and a session
+//! runs under the generation (and so the `[sessions]` settings) it opened
+//! with.
 
-use super::affinity::{Affinity, Context, Step};
-use super::{Arrival, Closing, Sessions, annotation, is_end};
+use super::membership::{Arrival, Closing, annotation, is_end};
 use crate::broker::Receipt;
 use crate::envelope::Envelope;
+use crate::pipeline::engine::{self, BranchRun, Walk, held};
 use crate::pipeline::generation::Generation;
-use crate::pipeline::outcome::{Reason, Verdict};
+use crate::pipeline::outcome::{Outcome, Reason, Verdict};
+use crate::telemetry::Telemetry;
 use futures_util::future::join_all;
 use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio_util::sync::CancellationToken;
 
+/// Frees the session's slot in the registry, saying how it closed.
+pub(super) type Release = Box<dyn FnOnce(Closing) + Send + Sync>;
+
 pub(super) struct SessionTask {
     pub(super) id: Arc<str>,
-    pub(super) serial: u64,
     pub(super) generation: Arc<Generation>,
-    pub(super) sessions: Sessions,
     pub(super) messages: mpsc::UnboundedReceiver<Arrival>,
     pub(super) lost: CancellationToken,
     pub(super) stop: CancellationToken,
+    /// The forwarder's shutdown bound.
+    pub(super) abandon: CancellationToken,
+    pub(super) telemetry: Telemetry,
+    /// Called once, before the set is settled.
+    pub(super) release: Option<Release>,
 }
 
 /// The messages of the session so far, in arrival order.
@@ -55,11 +66,29 @@ struct Failure {
     reason: Reason,
     error: String,
     /// The branches that failed, each with the endpoint that refused last;
-    /// empty when the set as a whole failed (every branch is named then).
+    /// empty when the set as a whole failed.
     failed: Vec<(String, String)>,
 }
 
 impl Failure {
+    /// The failure a dead-letter verdict names; `None` for any other.
+    fn of(verdict: Verdict) -> Option<Self> {
+        match verdict {
+            Verdict::DeadLetter {
+                reason,
+                error,
+                failed,
+                refused_by,
+                ..
+            } => Some(Self {
+                reason,
+                error,
+                failed: failed.into_iter().zip(refused_by).collect(),
+            }),
+            Verdict::Commit | Verdict::Abandon => None,
+        }
+    }
+
     fn whole(reason: Reason, error: String) -> Self {
         Self {
             reason,
@@ -79,38 +108,43 @@ impl SessionTask {
             End::Completed | End::DeadLetter(_) => Closing::Closed,
         };
         // Released before settling: a late message meets a closed session.
-        self.sessions.release(&self.id, self.serial, closing);
-        let telemetry = &self.sessions.telemetry;
+        if let Some(release) = self.release.take() {
+            release(closing);
+        }
         match end {
             End::Completed => {
-                telemetry.session_completed(&self.id, set.receipts.len());
+                self.telemetry
+                    .session_completed(&self.id, set.receipts.len());
                 for receipt in set.receipts {
                     receipt.ack();
                 }
             }
-            End::Abandoned => telemetry.session_abandoned(&self.id, set.receipts.len()),
+            End::Abandoned => self
+                .telemetry
+                .session_abandoned(&self.id, set.receipts.len()),
             End::DeadLetter(failure) => self.dead_letter(set, &branches, failure).await,
         }
         self.late_arrivals(closing).await;
     }
 
     /// Forwards messages as they arrive until the session ends.
-    async fn forward(&mut self, set: &mut Set, branches: &mut Vec<Affinity>) -> End {
+    async fn forward(&mut self, set: &mut Set, branches: &mut Vec<BranchRun>) -> End {
         let generation = self.generation.clone();
         let Some(config) = generation.settings.sessions.as_ref() else {
             return End::Abandoned;
         };
-        let abandon = self.sessions.abandon.clone();
         loop {
-            let next = tokio::select! {
-                biased;
-                () = self.stop.cancelled() => return End::Abandoned,
-                () = self.lost.cancelled() => return End::Abandoned,
-                () = abandon.cancelled() => return End::Abandoned,
-                next = tokio::time::timeout(config.idle_timeout, self.messages.recv()) => next,
+            let next = async {
+                tokio::select! {
+                    biased;
+                    () = self.stop.cancelled() => None,
+                    () = self.lost.cancelled() => None,
+                    next = tokio::time::timeout(config.idle_timeout, self.messages.recv()) => Some(next),
+                }
             };
-            let arrival = match next {
-                Err(_) => {
+            let arrival = match held(&self.abandon, next).await.flatten() {
+                None | Some(Ok(None)) => return End::Abandoned,
+                Some(Err(_)) => {
                     return End::DeadLetter(Failure::whole(
                         Reason::SessionTimeout,
                         format!(
@@ -119,14 +153,13 @@ impl SessionTask {
                         ),
                     ));
                 }
-                Ok(None) => return End::Abandoned,
-                Ok(Some(arrival)) => arrival,
+                Some(Ok(Some(arrival))) => arrival,
             };
             let refused = arrival.refused.clone();
             let end = is_end(&arrival.envelope, config);
             set.push(arrival);
-            if let Some(Verdict::DeadLetter { reason, error, .. }) = refused {
-                return End::DeadLetter(Failure::whole(reason, error));
+            if let Some(failure) = refused.and_then(Failure::of) {
+                return End::DeadLetter(failure);
             }
             if set.envelopes.len() > config.max_messages as usize || set.bytes > config.max_bytes {
                 return End::DeadLetter(Failure::whole(
@@ -142,48 +175,42 @@ impl SessionTask {
                 ));
             }
             if branches.is_empty() {
-                let plans = generation.settings.routing.route(&set.envelopes[0]);
-                if plans.is_empty() {
-                    let Verdict::DeadLetter { reason, error, .. } = Verdict::no_route() else {
-                        return End::Abandoned;
-                    };
-                    return End::DeadLetter(Failure::whole(reason, error));
+                let routing = &generation.settings.routing;
+                match engine::route(routing, &set.envelopes[0], None) {
+                    Ok(plans) => branches.extend(
+                        plans
+                            .into_iter()
+                            .map(|plan| BranchRun::new(plan, &generation.engine)),
+                    ),
+                    Err(verdict) => {
+                        return Failure::of(verdict).map_or(End::Abandoned, End::DeadLetter);
+                    }
                 }
-                branches.extend(
-                    plans
-                        .into_iter()
-                        .map(|plan| Affinity::new(plan, &generation.publishers)),
-                );
             }
-            let cx = Context {
-                publishers: &generation.publishers,
-                session: &self.id,
+            let walk = Walk {
+                engine: &generation.engine,
                 lost: &self.lost,
+                session: Some(&self.id),
             };
-            let envelopes = &set.envelopes;
-            let steps = join_all(branches.iter_mut().map(|b| b.deliver(envelopes, &cx))).await;
-            if let Some(end) = verdict(branches, steps) {
-                return end;
-            }
-            if end {
-                return End::Completed;
+            let run = &set.envelopes;
+            let outcomes = join_all(branches.iter_mut().map(|b| b.deliver(run, None, &walk))).await;
+            match (Outcome { branches: outcomes }).verdict() {
+                Verdict::Commit if end => return End::Completed,
+                Verdict::Commit => {}
+                Verdict::Abandon => return End::Abandoned,
+                verdict => return Failure::of(verdict).map_or(End::Abandoned, End::DeadLetter),
             }
         }
     }
 
-    /// Dead-letters every message of the set, in order.
-    async fn dead_letter(&self, set: Set, branches: &[Affinity], failure: Failure) {
-        let telemetry = &self.sessions.telemetry;
-        telemetry.session_dead_lettered(&self.id, failure.reason.as_str(), set.receipts.len());
-        let (failed, refused_by): (Vec<String>, Vec<String>) = if failure.failed.is_empty() {
-            branches
-                .iter()
-                .map(|b| (b.plan.name.to_string(), String::new()))
-                .unzip()
-        } else {
-            failure.failed.iter().cloned().unzip()
-        };
-        let whole = failure.failed.is_empty();
+    /// Dead-letters every message of the set, in order. Each records which
+    /// branches hold it (their endpoint has the set up to it, in order) and
+    /// which do not: a branch that failed holds none of the set, since the
+    /// set must reach it whole; the message a whole-set failure stopped at
+    /// reached no branch.
+    async fn dead_letter(&self, set: Set, branches: &[BranchRun], failure: Failure) {
+        self.telemetry
+            .session_dead_lettered(&self.id, failure.reason.as_str(), set.receipts.len());
         let Set {
             envelopes,
             receipts,
@@ -195,22 +222,24 @@ impl SessionTask {
             .zip(receipts)
             .enumerate()
             .map(|(index, (envelope, receipt))| {
-                let delivered = if whole {
-                    Vec::new()
-                } else {
-                    branches
-                        .iter()
-                        .filter(|b| {
-                            index < b.delivered && !failed.iter().any(|f| *f == *b.plan.name)
-                        })
-                        .map(|b| b.plan.name.to_string())
-                        .collect()
-                };
+                let mut failed = Vec::new();
+                let mut refused_by = Vec::new();
+                let mut delivered = Vec::new();
+                for branch in branches {
+                    let name = branch.name().to_string();
+                    let refusal = failure.failed.iter().find(|(b, _)| *b == name);
+                    if refusal.is_none() && index < branch.holds() {
+                        delivered.push(name);
+                    } else {
+                        refused_by.push(refusal.map(|(_, e)| e.clone()).unwrap_or_default());
+                        failed.push(name);
+                    }
+                }
                 let verdict = Verdict::DeadLetter {
                     reason: failure.reason,
                     error: failure.error.clone(),
-                    failed: failed.clone(),
-                    refused_by: refused_by.clone(),
+                    failed,
+                    refused_by,
                     delivered,
                 };
                 (envelope, receipt, verdict)
@@ -220,11 +249,7 @@ impl SessionTask {
             .generation
             .settler
             .settle_set(letters, annotation(&self.id));
-        tokio::select! {
-            biased;
-            () = self.sessions.abandon.cancelled() => {}
-            () = settled => {}
-        }
+        held(&self.abandon, settled).await;
         drop(permits);
     }
 
@@ -240,7 +265,7 @@ impl SessionTask {
                 Reason::SessionClosed,
                 format!("session \"{}\" ended before this message came", self.id),
             );
-            self.sessions.telemetry.session_closed_arrival(
+            self.telemetry.session_closed_arrival(
                 &self.id,
                 arrival.envelope.message_id(),
                 std::time::Duration::ZERO,
@@ -265,34 +290,4 @@ impl Set {
         self.receipts.push(arrival.receipt);
         self.permits.push(arrival.permit);
     }
-}
-
-/// The end the branches' steps for one message call for, if any: abandoned
-/// when any branch lost its channel, dead-lettered when any failed.
-fn verdict(branches: &[Affinity], steps: Vec<Step>) -> Option<End> {
-    let mut failed = Vec::new();
-    let mut errors = Vec::new();
-    let mut reason = Reason::Exhausted;
-    for (branch, step) in branches.iter().zip(steps) {
-        match step {
-            Step::Delivered => {}
-            Step::Abandoned => return Some(End::Abandoned),
-            Step::Failed { endpoint, error } => {
-                errors.push(format!("{}: {error}", branch.plan.name));
-                failed.push((branch.plan.name.to_string(), endpoint));
-            }
-            Step::Rejected { endpoint, error } => {
-                reason = Reason::Rejected;
-                errors.push(format!("{}: {error}", branch.plan.name));
-                failed.push((branch.plan.name.to_string(), endpoint));
-            }
-        }
-    }
-    (!failed.is_empty()).then(|| {
-        End::DeadLetter(Failure {
-            reason,
-            error: errors.join("; "),
-            failed,
-        })
-    })
 }

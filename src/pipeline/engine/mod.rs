@@ -1,0 +1,173 @@
+//! Deliver: the one delivery engine. A branch delivers an ordered run of
+//! one or more messages to its endpoint list ([`BranchRun`], in `walk`):
+//! an independent message is a run of one; a session is a run that keeps
+//! its endpoint, replays its confirmed prefix on failover and settles as a
+//! set (the `sessions` module drives it). Every failover rule, retry,
+//! suspect isolation, outage wait and replay is written once, there.
+//!
+//! - [`route`]: the one place a message is screened and routed.
+//! - [`Engine::start`] submits every branch's first attempt of a run of one
+//!   at once, in the order messages arrive, so the happy path keeps inbound
+//!   order per endpoint; [`Started::finish`] then runs the branches
+//!   concurrently to their outcomes. A delivered branch is never sent again.
+//! - [`held`] and [`spawn_held`]: work that the shutdown bound abandons
+//!   (its receipts and prefetch permits dropped, so the broker requeues
+//!   the messages).
+//!
+//! The engine publishes through [`crate::broker::Publish`], so it runs the
+//! same against the broker and against a scripted stand-in in unit tests.
+
+mod outage;
+mod walk;
+
+#[cfg(test)]
+mod tests;
+
+pub use outage::Outages;
+pub use walk::{BranchRun, Walk};
+
+use super::outcome::{BranchOutcome, Outcome, Verdict};
+use crate::broker::{Attempt, Publish};
+use crate::envelope::Envelope;
+use crate::routing::{BranchPlan, RoutingTable};
+use crate::telemetry::Telemetry;
+use futures_util::future::join_all;
+use std::future::Future;
+use std::sync::Arc;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// What every walk shares: where it publishes, the outage count, the
+/// telemetry it reports to. Cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    publish: Arc<dyn Publish>,
+    outages: Outages,
+    telemetry: Telemetry,
+}
+
+impl Engine {
+    /// An engine publishing through `publish`, counting outage waits in
+    /// `outages`.
+    pub fn new(publish: Arc<dyn Publish>, outages: Outages, telemetry: Telemetry) -> Self {
+        Self {
+            publish,
+            outages,
+            telemetry,
+        }
+    }
+
+    /// The outage waits this engine counts in.
+    pub fn outages(&self) -> &Outages {
+        &self.outages
+    }
+
+    /// Submits the first attempt of every branch of a run of one, now.
+    pub fn start(&self, envelope: &Arc<Envelope>, plans: Vec<BranchPlan>) -> Started {
+        let branches = plans
+            .into_iter()
+            .map(|plan| {
+                let run = BranchRun::new(plan, self);
+                let first = run.submit(self, envelope);
+                (run, first)
+            })
+            .collect();
+        Started {
+            envelope: envelope.clone(),
+            engine: self.clone(),
+            branches,
+        }
+    }
+}
+
+/// The branches `envelope` takes, or the verdict for a message that is not
+/// to be forwarded: the screen's refusal (`refused`), or `no-route`.
+pub fn route(
+    routing: &RoutingTable,
+    envelope: &Envelope,
+    refused: Option<Verdict>,
+) -> Result<Vec<BranchPlan>, Verdict> {
+    if let Some(verdict) = refused {
+        return Err(verdict);
+    }
+    let plans = routing.route(envelope);
+    if plans.is_empty() {
+        Err(Verdict::no_route())
+    } else {
+        Ok(plans)
+    }
+}
+
+/// A run of one whose first attempts are on the wire.
+pub struct Started {
+    envelope: Arc<Envelope>,
+    engine: Engine,
+    branches: Vec<(BranchRun, Attempt)>,
+}
+
+impl Started {
+    /// Runs every branch to its outcome. `lost` is cancelled when the
+    /// inbound channel is lost: no new attempt starts after that.
+    pub async fn finish(self, lost: &CancellationToken) -> Outcome {
+        let Started {
+            envelope,
+            engine,
+            branches,
+        } = self;
+        let walk = Walk {
+            engine: &engine,
+            lost,
+            session: None,
+        };
+        let run = std::slice::from_ref(&envelope);
+        let deliveries = branches.into_iter().map(|(mut branch, first)| {
+            let walk = &walk;
+            async move { branch.deliver(run, Some(first), walk).await }
+        });
+        // Each delivery is boxed where it is made. Held inline, or side by
+        // side in `join_all`'s one slice, they made every transaction's task
+        // larger to allocate and to move (the layout keeps a moved-from
+        // future's slot until its scope ends).
+        let mut deliveries = deliveries.map(Box::pin);
+        // One branch (one-to-one forwarding) needs no join.
+        let branches: Vec<BranchOutcome> = if deliveries.len() == 1 {
+            match deliveries.next() {
+                Some(delivery) => vec![delivery.await],
+                None => Vec::new(),
+            }
+        } else {
+            join_all(deliveries).await
+        };
+        Outcome { branches }
+    }
+}
+
+/// Runs `work` as a tracked task holding `permit` (its prefetch slot) until
+/// it ends or `abandon` (the shutdown bound) drops it, with whatever it
+/// holds: the broker then requeues its message.
+pub fn spawn_held<F>(
+    tracker: &TaskTracker,
+    abandon: &CancellationToken,
+    permit: OwnedSemaphorePermit,
+    work: F,
+) where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let abandon = abandon.clone();
+    tracker.spawn(async move {
+        held(&abandon, work).await;
+        drop(permit);
+    });
+}
+
+/// Runs `work` unless `abandon` (the shutdown bound) is cancelled first;
+/// `None` when it was abandoned. Whatever `work` holds (receipts, prefetch
+/// permits) is dropped with it, so the broker requeues its messages.
+pub async fn held<F: Future>(abandon: &CancellationToken, work: F) -> Option<F::Output> {
+    tokio::select! {
+        biased;
+        () = abandon.cancelled() => None,
+        done = work => Some(done),
+    }
+}

@@ -1,0 +1,272 @@
+//! The engine against a scripted stand-in for the endpoints, under a paused
+//! clock: failover order, retries, skipping down endpoints, suspects
+//! retried alone, outage waits, a lost inbound channel, and a session's
+//! replay on failover.
+
+use super::{BranchRun, Engine, Outages, Walk};
+use crate::broker::{Health, PublishFailure};
+use crate::config::Settings;
+use crate::envelope::Envelope;
+use crate::pipeline::outcome::{BranchOutcome, Outcome};
+use crate::pipeline::testkit::{Reply, Script, envelope, settings, suspect, unreachable};
+use crate::telemetry::Telemetry;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+fn engine(script: &Arc<Script>) -> (Engine, Telemetry) {
+    let telemetry = Telemetry::new();
+    let engine = Engine::new(script.clone(), Outages::default(), telemetry.clone());
+    (engine, telemetry)
+}
+
+/// One message through `settings`' table, every branch delivered.
+async fn forward(engine: &Engine, settings: &Settings, message: &Arc<Envelope>) -> Outcome {
+    let plans = settings.routing.route(message);
+    engine
+        .start(message, plans)
+        .finish(&CancellationToken::new())
+        .await
+}
+
+fn delivered(branch: &str, endpoint: &str) -> BranchOutcome {
+    BranchOutcome::Delivered {
+        branch: branch.into(),
+        endpoint: endpoint.to_owned(),
+    }
+}
+
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_endpoint_fails_over_down_the_list_in_order() {
+    let script = Script::new(|call, _| match call.endpoint.as_str() {
+        "a" => Reply::Fail(PublishFailure::Nacked),
+        "b" => Reply::Fail(PublishFailure::Returned {
+            code: 312,
+            text: "NO_ROUTE".to_owned(),
+        }),
+        _ => Reply::Ack,
+    });
+    let (engine, telemetry) = engine(&script);
+    let settings = settings(&["a", "b", "c"], "service", "");
+    let outcome = forward(&engine, &settings, &envelope("m1", &[])).await;
+    assert_eq!(outcome.branches, [delivered("service", "c")]);
+    assert_eq!(script.calls(), ["a:m1", "b:m1", "c:m1"]);
+    let text = telemetry.render();
+    for (from, to) in [("a", "b"), ("b", "c")] {
+        let series =
+            format!(r#"switchyard_failovers_total{{branch="service",from="{from}",to="{to}"}}"#);
+        assert_eq!(sample(&text, &series), Some(1.0), "{series}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_endpoint_is_retried_before_the_branch_moves_on_and_an_exhausted_list_fails() {
+    let script = Script::new(|_, _| Reply::Fail(PublishFailure::Nacked));
+    let (engine, _) = engine(&script);
+    let settings = settings(&["a: retries = 2", "b"], "service", "");
+    let outcome = forward(&engine, &settings, &envelope("m1", &[])).await;
+    assert_eq!(script.calls(), ["a:m1", "a:m1", "a:m1", "b:m1"]);
+    assert_eq!(
+        outcome.branches,
+        [BranchOutcome::Failed {
+            branch: "service".into(),
+            endpoint: "b".to_owned(),
+            error: "nacked by the broker".to_owned(),
+        }]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_down_endpoint_is_skipped_while_a_later_one_is_up() {
+    let script = Script::acking();
+    let (engine, _) = engine(&script);
+    let settings = settings(&["a", "b", "c"], "service", "");
+    script.set_health("a", Health::Down);
+    script.set_health("b", Health::Unreachable);
+    let outcome = forward(&engine, &settings, &envelope("m1", &[])).await;
+    assert_eq!(outcome.branches, [delivered("service", "c")]);
+    // Every endpoint down: the list is tried from its start.
+    script.set_health("c", Health::Down);
+    forward(&engine, &settings, &envelope("m2", &[])).await;
+    assert_eq!(script.calls(), ["c:m1", "a:m2"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_suspect_is_retried_alone_on_the_same_endpoint_and_rejected_there() {
+    let script = Script::new(|call, _| match call.mode {
+        crate::broker::Mode::Normal => Reply::Fail(suspect()),
+        crate::broker::Mode::Alone => Reply::Fail(PublishFailure::Rejected("406".to_owned())),
+    });
+    let (engine, _) = engine(&script);
+    let settings = settings(&["a", "b"], "service", "");
+    let outcome = forward(&engine, &settings, &envelope("m1", &[])).await;
+    assert_eq!(script.calls(), ["a:m1", "a:m1(alone)"], "never failed over");
+    assert!(matches!(
+        &outcome.branches[..],
+        [BranchOutcome::Rejected { endpoint, .. }] if endpoint == "a"
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_outage_holds_the_message_until_an_endpoint_is_back() {
+    // a refuses at once (its broker in backoff), then takes the message
+    // once it is back; b never answers.
+    let script = Script::new(|call, earlier| match (call.endpoint.as_str(), earlier) {
+        ("a", 0) | ("b", _) => Reply::Fail(unreachable()),
+        _ => Reply::After(Duration::from_millis(5), Box::new(Reply::Ack)),
+    });
+    let (engine, _) = engine(&script);
+    let settings = settings(&["a", "b"], "service", "outage = \"wait\"");
+    script.set_health("a", Health::Unreachable);
+    script.set_health("b", Health::Unreachable);
+    let message = envelope("m1", &[]);
+    let started = engine.start(&message, settings.routing.route(&message));
+    let outages = engine.outages().clone();
+    let lost = CancellationToken::new();
+    let finished = tokio::spawn(async move { started.finish(&lost).await });
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    assert!(
+        !finished.is_finished(),
+        "held for as long as the outage lasts"
+    );
+    assert!(outages.any(), "counted as waiting, which pauses consuming");
+    script.set_health("a", Health::Up);
+    let outcome = finished.await.unwrap_or_default();
+    assert_eq!(outcome.branches, [delivered("service", "a")]);
+    assert!(!outages.any());
+    assert_eq!(script.calls(), ["a:m1", "b:m1", "a:m1"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_attempt_starts_once_the_inbound_channel_is_lost() {
+    let script = Script::new(|_, _| Reply::Fail(PublishFailure::Nacked));
+    let (engine, _) = engine(&script);
+    let settings = settings(&["a", "b"], "service", "");
+    let message = envelope("m1", &[]);
+    let started = engine.start(&message, settings.routing.route(&message));
+    let lost = CancellationToken::new();
+    lost.cancel();
+    let outcome = started.finish(&lost).await;
+    assert_eq!(
+        script.calls(),
+        ["a:m1"],
+        "only the attempt already on the wire"
+    );
+    assert_eq!(
+        outcome.branches,
+        [BranchOutcome::Abandoned {
+            branch: "service".into()
+        }]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_session_replays_its_confirmed_prefix_to_the_next_endpoint() {
+    // a takes two messages, then fails.
+    let script = Script::new(|call, earlier| match call.endpoint.as_str() {
+        "a" if earlier >= 2 => Reply::Fail(PublishFailure::Nacked),
+        _ => Reply::Ack,
+    });
+    let (engine, telemetry) = engine(&script);
+    let settings = settings(&["a", "b"], "service", "");
+    let mut run: Vec<Arc<Envelope>> = Vec::new();
+    let plans = settings.routing.route(&envelope("s-1", &[]));
+    let mut branch = BranchRun::new(
+        plans.into_iter().next().unwrap_or_else(|| panic!()),
+        &engine,
+    );
+    let lost = CancellationToken::new();
+    let walk = Walk {
+        engine: &engine,
+        lost: &lost,
+        session: Some("s"),
+    };
+    for id in ["s-1", "s-2", "s-3"] {
+        run.push(envelope(id, &[]));
+        let outcome = branch.deliver(&run, None, &walk).await;
+        assert!(
+            matches!(outcome, BranchOutcome::Delivered { .. }),
+            "{outcome:?}"
+        );
+    }
+    assert_eq!(
+        script.calls(),
+        [
+            "a:s-1",
+            "a:s-2",
+            "a:s-3",
+            "b:s-1(replay)",
+            "b:s-2(replay)",
+            "b:s-3"
+        ]
+    );
+    assert_eq!(branch.holds(), 3, "the backup holds the whole set");
+    let text = telemetry.render();
+    let cases = [
+        (
+            r#"switchyard_messages_forwarded_total{branch="service",endpoint="a"}"#,
+            2.0,
+        ),
+        (
+            r#"switchyard_messages_forwarded_total{branch="service",endpoint="b"}"#,
+            3.0,
+        ),
+        (
+            r#"switchyard_replays_total{branch="service",endpoint="b"}"#,
+            2.0,
+        ),
+        (
+            r#"switchyard_failovers_total{branch="service",from="a",to="b"}"#,
+            1.0,
+        ),
+    ];
+    for (series, value) in cases {
+        assert_eq!(sample(&text, series), Some(value), "{series} in\n{text}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_session_back_on_an_endpoint_goes_on_where_it_stopped_there() {
+    let script = Script::new(|call, earlier| match (call.endpoint.as_str(), earlier) {
+        ("a", 1) => Reply::Fail(unreachable()),
+        ("b", _) => Reply::Fail(unreachable()),
+        _ => Reply::Ack,
+    });
+    let (engine, _) = engine(&script);
+    let settings = settings(&["a", "b"], "service", "outage = \"wait\"");
+    let plans = settings.routing.route(&envelope("s-1", &[]));
+    let mut branch = BranchRun::new(
+        plans.into_iter().next().unwrap_or_else(|| panic!()),
+        &engine,
+    );
+    let lost = CancellationToken::new();
+    let walk = Walk {
+        engine: &engine,
+        lost: &lost,
+        session: Some("s"),
+    };
+    let mut run = vec![envelope("s-1", &[])];
+    branch.deliver(&run, None, &walk).await;
+    run.push(envelope("s-2", &[]));
+    script.set_health("a", Health::Unreachable);
+    script.set_health("b", Health::Unreachable);
+    let recover = {
+        let script = script.clone();
+        async move {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            script.set_health("a", Health::Up);
+        }
+    };
+    let (outcome, ()) = tokio::join!(branch.deliver(&run, None, &walk), recover);
+    assert!(matches!(outcome, BranchOutcome::Delivered { ref endpoint, .. } if endpoint == "a"));
+    assert_eq!(
+        script.calls(),
+        ["a:s-1", "a:s-2", "b:s-1(replay)", "a:s-2"],
+        "back on a, only what a lacks"
+    );
+}

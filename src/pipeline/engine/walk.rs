@@ -1,0 +1,296 @@
+//! One branch's walk down its endpoint list, for an ordered run of one or
+//! more messages: the only place that publishes, retries, fails over,
+//! isolates suspects, waits out outages and replays.
+//!
+//! The run's messages go to one endpoint at a time, each after every
+//! earlier one is confirmed there. [`BranchRun::deliver`] delivers the run's
+//! newest message: the current endpoint first gets whatever earlier
+//! messages of the run it lacks (replays, marked `x-switchyard-replay`),
+//! then the new one. A run of one (an independent message) is just that
+//! message, often already on the wire. Each endpoint's confirmed prefix of
+//! the run is remembered, so a branch that comes back to an endpoint (after
+//! an outage wait) goes on where it stopped there.
+//!
+//! On a failure (nack, return, timeout, channel or connection loss,
+//! unreachable broker) the endpoint is tried again `retries` times, then the
+//! branch moves to the next endpoint of its list that is up (or simply the
+//! next when none after it is). A copy that failed because its channel
+//! closed under it in a way one message may have caused is retried alone
+//! on the same endpoint: if it fails alone, the broker refuses that message
+//! itself and the branch ends `Rejected`. Once the inbound channel is lost
+//! (the broker will redeliver) no new attempt is started. A branch with
+//! `outage = "wait"` whose every endpoint is unreachable waits for one to
+//! come back instead of failing.
+
+use super::Engine;
+use super::outage::all_unreachable;
+use crate::amqp::AmqpValue;
+use crate::broker::{Attempt, Health, Mode, PublishFailure};
+use crate::destination::Endpoint;
+use crate::envelope::Envelope;
+use crate::pipeline::outcome::BranchOutcome;
+use crate::routing::{BranchPlan, Outage};
+use crate::telemetry::Replay;
+use crate::wire;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+/// Where one branch stands in its run.
+pub struct BranchRun {
+    plan: BranchPlan,
+    /// The endpoint it sticks to, by its place in the plan's order.
+    at: usize,
+    /// How many messages of the run the current endpoint has confirmed.
+    confirmed_here: usize,
+    /// Other endpoints' confirmed prefixes, by place; only filled once the
+    /// branch leaves an endpoint, so a run that never fails over allocates
+    /// nothing.
+    elsewhere: Vec<(usize, usize)>,
+    /// The branch ended failed or rejected: its endpoint holds no complete
+    /// prefix of the run any more.
+    failed: bool,
+}
+
+/// What a walk needs besides its branch: the engine, the inbound channel's
+/// loss, and the session the run belongs to, if any.
+pub struct Walk<'a> {
+    /// Publishes, reads health, counts outage waits, reports.
+    pub engine: &'a Engine,
+    /// Cancelled when the inbound channel is lost.
+    pub lost: &'a CancellationToken,
+    /// The session id, for a session's run.
+    pub session: Option<&'a str>,
+}
+
+impl BranchRun {
+    /// A branch that starts on the first endpoint of `plan` that is up, or
+    /// the first of all when none is.
+    pub fn new(plan: BranchPlan, engine: &Engine) -> Self {
+        let at = first_usable(engine, &plan);
+        Self {
+            plan,
+            at,
+            confirmed_here: 0,
+            elsewhere: Vec::new(),
+            failed: false,
+        }
+    }
+
+    /// The branch's plan.
+    pub fn plan(&self) -> &BranchPlan {
+        &self.plan
+    }
+
+    /// The branch name.
+    pub fn name(&self) -> &Arc<str> {
+        &self.plan.name
+    }
+
+    /// How many messages of the run the branch's endpoint holds, in order;
+    /// 0 once the branch failed.
+    pub fn holds(&self) -> usize {
+        if self.failed { 0 } else { self.confirmed_here }
+    }
+
+    /// Publishes `envelope`, the first message of a run, to the endpoint
+    /// the branch starts on, now: its outcome is `deliver`'s `first`.
+    pub fn submit(&self, engine: &Engine, envelope: &Arc<Envelope>) -> Attempt {
+        match self.plan.endpoint(self.at) {
+            Some(endpoint) => engine
+                .publish
+                .publish(endpoint, envelope, Vec::new(), Mode::Normal),
+            None => Box::pin(std::future::ready(Err(PublishFailure::Stopped))),
+        }
+    }
+
+    /// Delivers the last message of `run` (every earlier one is delivered
+    /// on this branch already). `first` is that message's publish to the
+    /// current endpoint when it is already on the wire ([`Self::submit`]).
+    pub async fn deliver(
+        &mut self,
+        run: &[Arc<Envelope>],
+        first: Option<Attempt>,
+        walk: &Walk<'_>,
+    ) -> BranchOutcome {
+        let Some(newest) = run.len().checked_sub(1) else {
+            return self.delivered_here();
+        };
+        let message_id = run[newest].message_id();
+        let telemetry = &walk.engine.telemetry;
+        let mut first = first;
+        loop {
+            let mut last_error: Option<(String, PublishFailure)> = None;
+            while let Some(endpoint) = self.plan.endpoint(self.at).cloned() {
+                for attempt in 0..=endpoint.retries {
+                    if first.is_none() && walk.lost.is_cancelled() {
+                        return BranchOutcome::Abandoned {
+                            branch: self.plan.name.clone(),
+                        };
+                    }
+                    match self.catch_up(&endpoint, run, first.take(), walk).await {
+                        Ok(()) => return self.delivered_here(),
+                        Err(PublishFailure::Rejected(error)) => {
+                            telemetry.rejected(message_id, &self.plan.name, &endpoint.name, &error);
+                            self.failed = true;
+                            return BranchOutcome::Rejected {
+                                branch: self.plan.name.clone(),
+                                endpoint: endpoint.name.clone(),
+                                error,
+                            };
+                        }
+                        Err(error) if attempt < endpoint.retries => {
+                            telemetry.retry(message_id, &self.plan.name, &endpoint.name, &error);
+                        }
+                        Err(error) => last_error = Some((endpoint.name.clone(), error)),
+                    }
+                }
+                let next = self.next_endpoint(walk.engine);
+                if let (Some(to), Some((from, error))) = (self.plan.endpoint(next), &last_error) {
+                    let session = walk.session.map(|session| Replay {
+                        session,
+                        replaying: newest - self.confirmed_at(next).min(newest),
+                    });
+                    let route = (from.as_str(), Some(to.name.as_str()));
+                    telemetry.failover(message_id, &self.plan.name, route, error, session);
+                }
+                self.move_to(next);
+            }
+            let publish = walk.engine.publish.as_ref();
+            if self.plan.outage == Outage::Wait
+                && all_unreachable(publish, &self.plan)
+                && !walk.lost.is_cancelled()
+            {
+                walk.engine
+                    .outages
+                    .wait_for_recovery(publish, &self.plan, message_id, walk.lost, telemetry)
+                    .await;
+                self.move_to(first_usable(walk.engine, &self.plan));
+                continue;
+            }
+            self.failed = true;
+            let (endpoint, error) = last_error.map_or_else(
+                || (String::new(), "no endpoint to try".to_owned()),
+                |(endpoint, e)| (endpoint, e.to_string()),
+            );
+            let route = (endpoint.as_str(), None);
+            telemetry.failover(message_id, &self.plan.name, route, &error, None);
+            return BranchOutcome::Failed {
+                branch: self.plan.name.clone(),
+                endpoint,
+                error,
+            };
+        }
+    }
+
+    fn delivered_here(&self) -> BranchOutcome {
+        BranchOutcome::Delivered {
+            branch: self.plan.name.clone(),
+            endpoint: self
+                .plan
+                .endpoint(self.at)
+                .map(|e| e.name.clone())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// Sends `endpoint` every message of `run` it has not confirmed, one at
+    /// a time, in order; all but the newest are replays. `first` is the
+    /// newest message's publish, already on the wire.
+    async fn catch_up(
+        &mut self,
+        endpoint: &Endpoint,
+        run: &[Arc<Envelope>],
+        mut first: Option<Attempt>,
+        walk: &Walk<'_>,
+    ) -> Result<(), PublishFailure> {
+        let newest = run.len() - 1;
+        let publish = walk.engine.publish.as_ref();
+        let telemetry = &walk.engine.telemetry;
+        while self.confirmed_here < run.len() {
+            let index = self.confirmed_here;
+            let envelope = &run[index];
+            let replay = index < newest;
+            let extra = || {
+                if replay {
+                    vec![(wire::REPLAY.into(), AmqpValue::Boolean(true))]
+                } else {
+                    Vec::new()
+                }
+            };
+            let mut sent = match (replay, first.take()) {
+                (false, Some(first)) => first.await,
+                (_, kept) => {
+                    first = kept;
+                    publish
+                        .publish(endpoint, envelope, extra(), Mode::Normal)
+                        .await
+                }
+            };
+            if let Err(error) = &sent
+                && error.is_suspect()
+                && !walk.lost.is_cancelled()
+            {
+                telemetry.isolating(
+                    envelope.message_id(),
+                    &self.plan.name,
+                    &endpoint.name,
+                    error,
+                );
+                sent = publish
+                    .publish(endpoint, envelope, extra(), Mode::Alone)
+                    .await;
+            }
+            sent?;
+            self.confirmed_here += 1;
+            telemetry.forwarded(envelope.message_id(), &self.plan.name, &endpoint.name);
+            if replay {
+                telemetry.replayed(&self.plan.name, &endpoint.name);
+            }
+        }
+        Ok(())
+    }
+
+    /// The place after the current one to move to: the next endpoint that
+    /// is up, or simply the next when none after it is.
+    fn next_endpoint(&self, engine: &Engine) -> usize {
+        let after = self.at + 1;
+        (after..)
+            .map_while(|i| self.plan.endpoint(i).map(|e| (i, e)))
+            .find(|(_, e)| engine.publish.health(e) == Health::Up)
+            .map_or(after, |(i, _)| i)
+    }
+
+    /// How many messages of the run the endpoint at `place` has confirmed.
+    fn confirmed_at(&self, place: usize) -> usize {
+        if place == self.at {
+            return self.confirmed_here;
+        }
+        self.elsewhere
+            .iter()
+            .find(|(p, _)| *p == place)
+            .map_or(0, |(_, n)| *n)
+    }
+
+    /// Sticks to the endpoint at `place` from now on, remembering what the
+    /// current one has confirmed.
+    fn move_to(&mut self, place: usize) {
+        if place == self.at {
+            return;
+        }
+        let here = self.confirmed_here;
+        self.confirmed_here = self.confirmed_at(place);
+        match self.elsewhere.iter_mut().find(|(p, _)| *p == self.at) {
+            Some(entry) => entry.1 = here,
+            None => self.elsewhere.push((self.at, here)),
+        }
+        self.at = place;
+    }
+}
+
+/// Where a branch starts: the first endpoint of its order that is up, or
+/// the first of all when none is.
+fn first_usable(engine: &Engine, plan: &BranchPlan) -> usize {
+    plan.endpoints()
+        .position(|e| engine.publish.health(e) == Health::Up)
+        .unwrap_or_default()
+}

@@ -1,0 +1,125 @@
+//! The live configuration: the generation every message consumed now is
+//! routed, published and dead-lettered under, and the switch to a new one
+//! on reload. A reload is prepared (its topology declared) while consuming
+//! goes on; a rejected one changes nothing.
+
+use super::generation::{Common, Generation};
+use crate::broker::{TopologyError, declare_endpoint_queue, prepare_inbound};
+use crate::config::Settings;
+use crate::reload::Reload;
+use crate::telemetry::Telemetry;
+use std::sync::Arc;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// The live generation and what every generation shares.
+pub(super) struct Live {
+    /// Each transaction keeps the generation it started with.
+    generation: watch::Sender<Arc<Generation>>,
+    pub(super) common: Common,
+    telemetry: Telemetry,
+}
+
+impl Live {
+    /// Generation 1, from `settings`.
+    pub(super) fn new(settings: Settings, common: Common) -> Self {
+        let first = Generation::build(1, settings, None, &common);
+        Self {
+            generation: watch::Sender::new(Arc::new(first)),
+            telemetry: common.telemetry.clone(),
+            common,
+        }
+    }
+
+    /// The live generation.
+    pub(super) fn current(&self) -> Arc<Generation> {
+        self.generation.borrow().clone()
+    }
+
+    /// Follows the live generation.
+    pub(super) fn subscribe(&self) -> watch::Receiver<Arc<Generation>> {
+        self.generation.subscribe()
+    }
+
+    /// Returns once no publishing broker of the live generation blocks
+    /// publishers and no branch waits out an outage.
+    pub(super) async fn wait_until_publishing(&self) {
+        loop {
+            // Checked first, so the usual case makes no receiver at all.
+            let generation = self.current();
+            if generation.publishing() {
+                return;
+            }
+            for blocking in &generation.blocking {
+                let _ = blocking.clone().wait_for(|b| !b.blocked).await;
+            }
+            self.common.outages.none().await;
+        }
+    }
+
+    /// Tells telemetry that `generation` is live: its branches, its number.
+    pub(super) fn announce(&self, generation: &Generation) {
+        let routing = &generation.settings.routing;
+        for (branch, endpoints) in routing.branch_endpoints() {
+            let names: Vec<&str> = endpoints.iter().map(|e| e.name.as_str()).collect();
+            self.telemetry.branch_known(branch, &names);
+        }
+        self.telemetry
+            .config_loaded(generation.number, routing.branch_names().count());
+    }
+
+    /// Loads, prepares and switches to a new configuration; a rejected one
+    /// changes nothing. Returns whether the live generation changed in a
+    /// way that needs a new consumer.
+    pub(super) async fn reload(&self, reload: Reload, shutdown: &CancellationToken) -> bool {
+        let settings = match reload {
+            Ok(settings) => settings,
+            Err(why) => {
+                self.telemetry.reload_rejected(&why);
+                return false;
+            }
+        };
+        let current = self.current();
+        let next = Generation::build(current.number + 1, settings, Some(&current), &self.common);
+        let inbound_differs = current.inbound_differs(&next);
+        let topology_differs =
+            inbound_differs || current.settings.dead_letter != next.settings.dead_letter;
+        if topology_differs {
+            let prepared = tokio::select! {
+                () = shutdown.cancelled() => return false,
+                prepared = prepare_inbound(next.topology_connector(), &next.settings) => prepared,
+            };
+            if let Err(why) = prepared {
+                self.telemetry.reload_rejected(&why);
+                return false;
+            }
+        }
+        for endpoint in current.endpoints_to_declare(&next) {
+            let connector = &next.publish_connectors[&endpoint.broker].0;
+            match declare_endpoint_queue(connector, endpoint).await {
+                Ok(()) => {}
+                Err(TopologyError::Refused(why)) => {
+                    self.telemetry.reload_rejected(&why);
+                    return false;
+                }
+                Err(why) => self
+                    .telemetry
+                    .endpoint_queue_undeclared(&endpoint.name, &why),
+            }
+        }
+        if next.settings.worker_threads != current.settings.worker_threads {
+            self.telemetry.reload_needs_restart(
+                "worker_threads",
+                "the runtime keeps its threads until the next start",
+            );
+        }
+        if next.settings.admin_listen != current.settings.admin_listen {
+            self.telemetry
+                .reload_needs_restart("admin.listen", "the admin listener keeps its address");
+        }
+        let next = Arc::new(next);
+        self.generation.send_replace(next.clone());
+        self.announce(&next);
+        inbound_differs
+    }
+}

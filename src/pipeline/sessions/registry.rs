@@ -1,0 +1,307 @@
+//! The registry of one forwarder's sessions: the open ones (each with its
+//! task), the ones waiting for a slot, and the ones closed recently.
+//! [`Sessions::admit`] hands each message of a session to its place.
+
+use super::membership::{Arrival, Closing, annotation};
+use super::task::SessionTask;
+use crate::config;
+use crate::pipeline::engine::spawn_held;
+use crate::pipeline::generation::Generation;
+use crate::pipeline::outcome::{Reason, Verdict};
+use crate::telemetry::Telemetry;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// The open sessions of one forwarder, the sessions waiting for a slot and
+/// the ones closed recently. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct Sessions {
+    registry: Arc<Mutex<Registry>>,
+    tracker: TaskTracker,
+    /// The forwarder's shutdown bound: open sessions are abandoned.
+    abandon: CancellationToken,
+    telemetry: Telemetry,
+}
+
+#[derive(Default)]
+struct Registry {
+    open: HashMap<Arc<str>, Open>,
+    /// Sessions waiting for a slot, in the order their first message came.
+    waiting: VecDeque<Arc<str>>,
+    waiting_sets: HashMap<Arc<str>, Waiting>,
+    closed: HashMap<Arc<str>, Instant>,
+    closed_order: VecDeque<(Instant, Arc<str>)>,
+    /// Numbers open sessions, so a task ending late never removes a newer
+    /// session of the same id.
+    serial: u64,
+}
+
+/// An open session, as the registry sees it.
+struct Open {
+    feed: mpsc::UnboundedSender<Arrival>,
+    /// The inbound channel its messages came on was lost.
+    lost: CancellationToken,
+    /// Cancelled to abandon the session (the consumer stops or moves).
+    stop: CancellationToken,
+    serial: u64,
+}
+
+struct Waiting {
+    generation: Arc<Generation>,
+    arrivals: Vec<Arrival>,
+}
+
+impl Sessions {
+    pub(crate) fn new(
+        tracker: TaskTracker,
+        abandon: CancellationToken,
+        telemetry: Telemetry,
+    ) -> Self {
+        Self {
+            registry: Arc::default(),
+            tracker,
+            abandon,
+            telemetry,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Registry> {
+        // A panic while holding the lock leaves plain data behind: go on with it.
+        self.registry
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Takes one message of session `id`, consumed under `generation`,
+    /// whose sessions settings are `config`.
+    pub(crate) fn admit(
+        &self,
+        id: Arc<str>,
+        arrival: Arrival,
+        generation: &Arc<Generation>,
+        config: &config::Sessions,
+    ) {
+        let generation = generation.clone();
+        let mut registry = self.lock();
+        registry.forget_closed(config.closed_ttl);
+        let mut arrival = arrival;
+        if let Some(open) = registry.open.get(&id) {
+            if !open.lost.is_cancelled() && !open.stop.is_cancelled() {
+                match open.feed.send(arrival) {
+                    Ok(()) => return,
+                    Err(mpsc::error::SendError(back)) => arrival = back,
+                }
+            }
+            // Left behind by a lost channel: its task abandons it, and this
+            // redelivered set starts over.
+            registry.open.remove(&id);
+        }
+        if let Some(closed_at) = registry.closed.get(&id) {
+            // A redriven set (`dlq redrive` marks it) is the operator's
+            // deliberate second try: it opens the session anew.
+            if arrival.envelope.only_branches().is_some() {
+                registry.closed.remove(&id);
+            } else {
+                let ago = closed_at.elapsed();
+                drop(registry);
+                self.dead_letter_closed(id, arrival, generation, ago);
+                return;
+            }
+        }
+        if let Some(waiting) = registry.waiting_sets.get_mut(&id) {
+            waiting.arrivals.push(arrival);
+            return;
+        }
+        if registry.open.len() < slots(config) {
+            self.open(&mut registry, id, generation, vec![arrival]);
+        } else {
+            self.telemetry
+                .session_waiting(&id, arrival.envelope.message_id(), registry.open.len());
+            registry.waiting.push_back(id.clone());
+            registry.waiting_sets.insert(
+                id,
+                Waiting {
+                    generation,
+                    arrivals: vec![arrival],
+                },
+            );
+        }
+    }
+
+    /// Opens session `id` with its first messages and starts its task.
+    fn open(
+        &self,
+        registry: &mut Registry,
+        id: Arc<str>,
+        generation: Arc<Generation>,
+        arrivals: Vec<Arrival>,
+    ) {
+        let Some(first) = arrivals.first() else {
+            return;
+        };
+        let (feed, messages) = mpsc::unbounded_channel();
+        let lost = first.receipt.lost().clone();
+        self.telemetry
+            .session_opened(&id, first.envelope.message_id());
+        for arrival in arrivals {
+            // The receiver is alive: it is moved into the task below.
+            let _ = feed.send(arrival);
+        }
+        registry.serial += 1;
+        let serial = registry.serial;
+        let stop = CancellationToken::new();
+        registry.open.insert(
+            id.clone(),
+            Open {
+                feed,
+                lost: lost.clone(),
+                stop: stop.clone(),
+                serial,
+            },
+        );
+        let sessions = self.clone();
+        let released = id.clone();
+        let task = SessionTask {
+            id,
+            generation,
+            messages,
+            lost,
+            stop,
+            abandon: self.abandon.clone(),
+            telemetry: self.telemetry.clone(),
+            release: Some(Box::new(move |closing| {
+                sessions.release(&released, serial, closing)
+            })),
+        };
+        self.tracker.spawn(task.run());
+    }
+
+    /// Called when a session's task ends: frees its slot (remembering it as
+    /// closed unless abandoned) and opens the sessions waiting for one,
+    /// oldest first.
+    fn release(&self, id: &Arc<str>, serial: u64, closing: Closing) {
+        let mut registry = self.lock();
+        if registry.open.get(id).is_some_and(|o| o.serial == serial) {
+            registry.open.remove(id);
+        }
+        if closing == Closing::Closed {
+            let now = Instant::now();
+            registry.closed.insert(id.clone(), now);
+            registry.closed_order.push_back((now, id.clone()));
+        }
+        self.telemetry.session_released();
+        self.promote(&mut registry);
+    }
+
+    /// Opens waiting sessions while slots are free.
+    fn promote(&self, registry: &mut Registry) {
+        while let Some(id) = registry.waiting.front().cloned() {
+            let Some(waiting) = registry.waiting_sets.get(&id) else {
+                registry.waiting.pop_front();
+                continue;
+            };
+            let limit = waiting
+                .generation
+                .settings
+                .sessions
+                .as_ref()
+                .map_or(usize::MAX, slots);
+            if registry.open.len() >= limit {
+                return;
+            }
+            registry.waiting.pop_front();
+            if let Some(waiting) = registry.waiting_sets.remove(&id) {
+                self.open(registry, id, waiting.generation, waiting.arrivals);
+            }
+        }
+    }
+
+    /// Abandons every open and waiting session: their messages go back to
+    /// the queue unsettled (the consumer stops, or moves to a new queue).
+    pub(crate) fn abandon_all(&self) {
+        let mut registry = self.lock();
+        for open in registry.open.values() {
+            open.stop.cancel();
+        }
+        registry.open.clear();
+        registry.waiting.clear();
+        registry.waiting_sets.clear();
+    }
+
+    /// Dead-letters one message of a session that closed `ago`.
+    fn dead_letter_closed(
+        &self,
+        id: Arc<str>,
+        arrival: Arrival,
+        generation: Arc<Generation>,
+        ago: Duration,
+    ) {
+        self.telemetry
+            .session_closed_arrival(&id, arrival.envelope.message_id(), ago);
+        let Arrival {
+            envelope,
+            receipt,
+            permit,
+            ..
+        } = arrival;
+        let verdict = Verdict::refuse(
+            Reason::SessionClosed,
+            format!(
+                "session \"{id}\" was completed or dead-lettered {} ms ago",
+                ago.as_millis()
+            ),
+        );
+        let settled = async move {
+            let settler = &generation.settler;
+            settler
+                .settle_with(&envelope, receipt, verdict, annotation(&id))
+                .await;
+        };
+        spawn_held(&self.tracker, &self.abandon, permit, settled);
+    }
+}
+
+impl Registry {
+    /// Drops closed sessions older than `ttl`.
+    fn forget_closed(&mut self, ttl: Duration) {
+        while let Some((at, id)) = self.closed_order.front() {
+            if at.elapsed() < ttl {
+                return;
+            }
+            if self.closed.get(id) == Some(at) {
+                self.closed.remove(id);
+            }
+            self.closed_order.pop_front();
+        }
+    }
+}
+
+/// `sessions.max_open` as a count.
+fn slots(config: &config::Sessions) -> usize {
+    usize::try_from(config.max_open).unwrap_or(usize::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn closed_sessions_are_forgotten_after_their_ttl() {
+        let mut registry = Registry::default();
+        let now = Instant::now();
+        let old = now.checked_sub(Duration::from_secs(120)).unwrap_or(now);
+        for (at, id) in [(old, "old"), (now, "new")] {
+            registry.closed.insert(id.into(), at);
+            registry.closed_order.push_back((at, id.into()));
+        }
+        registry.forget_closed(Duration::from_secs(60));
+        assert!(!registry.closed.contains_key("old"));
+        assert!(registry.closed.contains_key("new"));
+        assert_eq!(registry.closed_order.len(), 1);
+    }
+}

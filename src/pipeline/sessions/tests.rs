@@ -1,0 +1,262 @@
+//! Sessions against a scripted stand-in for the endpoints, under a paused
+//! clock: the idle timeout, a failover mid-session replayed and acked as a
+//! set, the size limit, the closed-session memory, and what a session's
+//! dead letters record about the branches that hold each message.
+
+use super::{Arrival, Sessions, session_id};
+use crate::amqp::AmqpValue;
+use crate::broker::{PublishFailure, Settled, SettledLog};
+use crate::config::Settings;
+use crate::pipeline::generation::Generation;
+use crate::pipeline::testkit::{Call, Reply, Script, envelope, load, settings, settings_toml};
+use crate::telemetry::Telemetry;
+use crate::wire;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// A second branch, "logging", over endpoint `l`.
+const LOGGING: &str = "\n[endpoints.l]\nbroker = \"main\"\nrouting_key = \"l\"\n\n\
+    [[filter_table]]\nname = \"logging\"\nfilter = \"all\"\nendpoint = \"l\"\n";
+
+struct Bench {
+    sessions: Sessions,
+    generation: Arc<Generation>,
+    settled: SettledLog,
+    permits: Arc<Semaphore>,
+    script: Arc<Script>,
+    telemetry: Telemetry,
+}
+
+impl Bench {
+    /// Sessions over `settings` (which must turn them on), delivering through `script`.
+    fn new(settings: Settings, script: Arc<Script>) -> Self {
+        let telemetry = Telemetry::new();
+        let generation = Generation::scripted(settings, script.clone(), telemetry.clone());
+        Self {
+            sessions: Sessions::new(
+                TaskTracker::new(),
+                CancellationToken::new(),
+                telemetry.clone(),
+            ),
+            generation: Arc::new(generation),
+            settled: SettledLog::default(),
+            permits: Arc::new(Semaphore::new(1000)),
+            script,
+            telemetry,
+        }
+    }
+
+    /// Message `tag` of session `id`, the last of it when `end`.
+    async fn admit(&self, tag: u64, id: &str, end: bool) {
+        let mut headers = vec![("session-id", AmqpValue::LongString(id.into()))];
+        if end {
+            headers.push(("session-end", AmqpValue::Boolean(true)));
+        }
+        let envelope = envelope(&format!("{id}-{tag}"), &headers);
+        let config = self.generation.settings.sessions.clone();
+        let Some(config) = config else {
+            panic!("sessions are off");
+        };
+        let Some(session) = session_id(&envelope, &config) else {
+            panic!("no session id");
+        };
+        let permit = match self.permits.clone().acquire_owned().await {
+            Ok(permit) => permit,
+            Err(e) => panic!("{e}"),
+        };
+        let arrival = Arrival {
+            refused: self.generation.screen.check(&envelope),
+            envelope,
+            receipt: self.settled.receipt(tag),
+            permit,
+        };
+        self.sessions
+            .admit(session, arrival, &self.generation, &config);
+        // Lets the session's task take it.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+
+    fn dead_lettered(&self, reason: &str) -> f64 {
+        let series = format!(r#"switchyard_dead_lettered_total{{reason="{reason}"}}"#);
+        self.telemetry
+            .render()
+            .lines()
+            .find_map(|l| l.strip_prefix(&series)?.trim().parse().ok())
+            .unwrap_or(0.0)
+    }
+}
+
+const SESSIONS: &str = "\n[sessions]\nenabled = true\nmax_open = 4\nmax_messages = 10\n";
+
+fn on(extra: &str) -> Settings {
+    settings(&["a", "b"], "service", &format!("{extra}{SESSIONS}"))
+}
+
+fn acks(tags: &[u64]) -> Vec<(u64, Settled)> {
+    tags.iter().map(|t| (*t, Settled::Ack)).collect()
+}
+
+fn dead_letters(tags: &[u64]) -> Vec<(u64, Settled)> {
+    tags.iter().map(|t| (*t, Settled::DeadLetter)).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_session_is_dead_lettered_whole_after_its_timeout() {
+    let mut bench = Bench::new(on(""), Script::acking());
+    bench.admit(1, "s", false).await;
+    bench.admit(2, "s", false).await;
+    tokio::time::sleep(Duration::from_secs(29)).await;
+    assert_eq!(
+        bench.settled.drain(),
+        [],
+        "acks held while the session is open"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(bench.settled.drain(), dead_letters(&[1, 2]));
+    assert_eq!(bench.dead_lettered("session-timeout"), 2.0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failover_mid_session_replays_the_set_and_it_is_acked_as_one() {
+    let script = Script::new(|call, earlier| match call.endpoint.as_str() {
+        "a" if earlier >= 2 => Reply::Fail(PublishFailure::Nacked),
+        _ => Reply::Ack,
+    });
+    let mut bench = Bench::new(on(""), script);
+    bench.admit(1, "s", false).await;
+    bench.admit(2, "s", false).await;
+    bench.admit(3, "s", false).await;
+    assert_eq!(bench.settled.drain(), []);
+    bench.admit(4, "s", true).await;
+    assert_eq!(
+        bench.script.calls(),
+        [
+            "a:s-1",
+            "a:s-2",
+            "a:s-3",
+            "b:s-1(replay)",
+            "b:s-2(replay)",
+            "b:s-3",
+            "b:s-4"
+        ]
+    );
+    assert_eq!(bench.settled.drain(), acks(&[1, 2, 3, 4]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_session_over_max_messages_is_dead_lettered_whole() {
+    let settings = settings(
+        &["a"],
+        "service",
+        "\n[sessions]\nenabled = true\nmax_open = 4\nmax_messages = 2\n",
+    );
+    let mut bench = Bench::new(settings, Script::acking());
+    for tag in 1..=3 {
+        bench.admit(tag, "s", false).await;
+    }
+    assert_eq!(bench.settled.drain(), dead_letters(&[1, 2, 3]));
+    assert_eq!(bench.dead_lettered("session-too-large"), 3.0);
+    assert_eq!(
+        bench.script.calls(),
+        ["a:s-1", "a:s-2"],
+        "the third never went out"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_closed_session_refuses_late_messages_until_its_ttl_runs_out() {
+    let mut bench = Bench::new(on(""), Script::acking());
+    bench.admit(1, "s", true).await;
+    assert_eq!(bench.settled.drain(), acks(&[1]));
+    bench.admit(2, "s", false).await;
+    assert_eq!(bench.settled.drain(), dead_letters(&[2]));
+    assert_eq!(bench.dead_lettered("session-closed"), 1.0);
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    bench.admit(3, "s", true).await;
+    assert_eq!(
+        bench.settled.drain(),
+        acks(&[3]),
+        "a new session of the same id"
+    );
+    assert_eq!(bench.script.calls(), ["a:s-1", "a:s-3"]);
+}
+
+/// The dead letters the script received, by message: (failed, delivered).
+fn records(script: &Script) -> Vec<(String, Vec<String>, Vec<String>)> {
+    let names = |call: &Call, header: &str| match call.header(header) {
+        Some(AmqpValue::FieldArray(items)) => items
+            .as_slice()
+            .iter()
+            .map(|v| match v {
+                AmqpValue::LongString(s) => s.to_string(),
+                other => format!("{other:?}"),
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    script
+        .all_calls()
+        .iter()
+        .filter(|c| c.endpoint == "dead-letter")
+        .map(|c| {
+            (
+                c.message_id.clone(),
+                names(c, wire::FAILED),
+                names(c, wire::DELIVERED),
+            )
+        })
+        .collect()
+}
+
+fn republish() -> Settings {
+    let toml = settings_toml(&["a", "b"], "service", &format!("{LOGGING}{SESSIONS}"));
+    load(&toml.replace("mode = \"nack\"", "mode = \"republish\""))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_timed_out_session_records_that_every_branch_holds_its_messages() {
+    let mut bench = Bench::new(republish(), Script::acking());
+    bench.admit(1, "s", false).await;
+    bench.admit(2, "s", false).await;
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    assert_eq!(
+        bench.settled.drain(),
+        acks(&[1, 2]),
+        "republished, then acked"
+    );
+    let both = vec!["service".to_owned(), "logging".to_owned()];
+    assert_eq!(
+        records(&bench.script),
+        [
+            ("s-1".to_owned(), vec![], both.clone()),
+            ("s-2".to_owned(), vec![], both)
+        ],
+        "nothing is missing: a redrive sends nothing again"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_exhausted_session_records_the_failed_branch_on_every_message() {
+    // The service branch's endpoints take one message each, then refuse.
+    let script = Script::new(|call, earlier| match call.endpoint.as_str() {
+        "a" | "b" if earlier >= 1 => Reply::Fail(PublishFailure::Nacked),
+        _ => Reply::Ack,
+    });
+    let mut bench = Bench::new(republish(), script);
+    bench.admit(1, "s", false).await;
+    bench.admit(2, "s", false).await;
+    assert_eq!(bench.settled.drain(), acks(&[1, 2]));
+    let failed = vec!["service".to_owned()];
+    let logging = vec!["logging".to_owned()];
+    assert_eq!(
+        records(&bench.script),
+        [
+            ("s-1".to_owned(), failed.clone(), logging.clone()),
+            ("s-2".to_owned(), failed, logging)
+        ],
+        "the set must reach the service branch whole; logging holds it"
+    );
+}
