@@ -2,7 +2,7 @@
 //!
 //! - `GET /healthz`: 200 while the process runs.
 //! - `GET /readyz`: 200 while the forwarder serves (consuming, and every
-//!   branch has an endpoint up, see [`Readiness`]); otherwise 503 with the
+//!   branch has an endpoint up, see [`crate::Readiness`]); otherwise 503 with the
 //!   reason in the body.
 //! - `GET /metrics`: every metric in the Prometheus text format.
 //!
@@ -11,7 +11,6 @@
 //! run does once it has stopped, and gives open connections a moment to
 //! finish their request.
 
-use crate::pipeline::Readiness;
 use crate::telemetry::{METRICS_CONTENT_TYPE, Telemetry};
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
@@ -22,6 +21,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -31,6 +31,9 @@ use tokio_util::task::TaskTracker;
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long open connections get to finish once the server stops.
 const DRAIN: Duration = Duration::from_secs(1);
+
+/// Whether the forwarder serves: `Ok`, or why not in one line.
+pub type Ready = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
 /// Why the admin endpoint cannot listen.
 #[derive(Debug, thiserror::Error)]
@@ -100,7 +103,7 @@ impl Admin {
 
     /// Serves until `stop` is cancelled, then lets open connections finish
     /// for a moment.
-    pub async fn serve(self, telemetry: Telemetry, readiness: Readiness, stop: CancellationToken) {
+    pub async fn serve(self, telemetry: Telemetry, readiness: Ready, stop: CancellationToken) {
         telemetry.admin_listening(self.addr);
         let connections = TaskTracker::new();
         loop {
@@ -148,7 +151,7 @@ impl Admin {
 fn respond(
     request: &Request<Incoming>,
     telemetry: &Telemetry,
-    readiness: &Readiness,
+    readiness: &Ready,
 ) -> Response<Full<Bytes>> {
     let path = request.uri().path();
     if !matches!(path, "/healthz" | "/readyz" | "/metrics") {
@@ -162,7 +165,7 @@ fn respond(
     }
     match path {
         "/healthz" => text(StatusCode::OK, "ok\n".to_owned()),
-        "/readyz" => match readiness.check() {
+        "/readyz" => match readiness() {
             Ok(()) => text(StatusCode::OK, "ready\n".to_owned()),
             Err(why) => text(
                 StatusCode::SERVICE_UNAVAILABLE,

@@ -30,11 +30,13 @@
 
 pub mod admin;
 pub mod amqp;
+pub mod backoff;
 pub mod broker;
 pub mod config;
 pub mod destination;
 pub mod dlq;
 pub mod envelope;
+pub mod errors;
 pub mod pipeline;
 pub mod reload;
 pub mod routing;
@@ -47,6 +49,7 @@ pub use telemetry::Telemetry;
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 /// How to run a forwarder, beyond its configuration.
@@ -84,7 +87,7 @@ pub async fn run_with(
     options: Options,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
-    let admin_error = |e: admin::AdminError| RunError::Admin(e.to_string());
+    let admin_error = RunError::Admin;
     let admin = match (options.admin, settings.admin_listen) {
         (Some(listener), _) => Some(admin::Admin::from_std(listener).map_err(admin_error)?),
         (None, Some(addr)) => Some(admin::Admin::bind(addr).await.map_err(admin_error)?),
@@ -108,7 +111,9 @@ pub async fn run_with(
     }
     let admin_stop = CancellationToken::new();
     let server = admin.map(|admin| {
-        tokio::spawn(admin.serve(telemetry, forwarder.readiness(), admin_stop.clone()))
+        let readiness = forwarder.readiness();
+        let ready: admin::Ready = Arc::new(move || readiness.check());
+        tokio::spawn(admin.serve(telemetry, ready, admin_stop.clone()))
     });
     let result = forwarder.run(token).await;
     admin_stop.cancel();

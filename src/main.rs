@@ -153,7 +153,7 @@ fn run(settings: Settings, options: switchyard::Options, format: LogFormat) -> E
     });
     let error = match runtime.block_on(forwarder) {
         Ok(Ok(())) => return ExitCode::SUCCESS,
-        Ok(Err(e)) => e.to_string(),
+        Ok(Err(e)) => switchyard::errors::one_line(&e),
         Err(e) => format!("the forwarder task failed: {e}"),
     };
     report(format, &error);
@@ -168,7 +168,7 @@ fn dlq(path: &std::path::Path, settings: Settings, command: cli::Dlq) -> ExitCod
             switchyard::dlq::DlqError::Config(key) => {
                 eprintln!("switchyard: {}: {key}", path.display())
             }
-            _ => eprintln!("switchyard: {e}"),
+            _ => eprintln!("switchyard: {}", switchyard::errors::one_line(e)),
         }
         ExitCode::from(if e.is_usage() {
             EXIT_USAGE

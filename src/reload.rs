@@ -25,7 +25,8 @@ pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
 const QUEUED: usize = 4;
 
 /// Starts listening for SIGHUP and watching the file at `path`; each loads
-/// it and is sent on the returned channel. Must be called on the runtime;
+/// it and is sent on the returned channel. Both stop as soon as the
+/// receiver is dropped. Must be called on the runtime;
 /// SIGHUP is caught from this call on, so it never ends the process, even
 /// before the first configuration is live (the request then waits).
 pub fn sources(path: PathBuf, telemetry: Telemetry) -> mpsc::Receiver<Reload> {
@@ -45,7 +46,12 @@ fn on_hangup(path: PathBuf, tx: mpsc::Sender<Reload>, telemetry: Telemetry) {
         }
     };
     tokio::spawn(async move {
-        while hangup.recv().await.is_some() {
+        loop {
+            // Ends with the forwarder, which drops the receiver.
+            tokio::select! {
+                () = tx.closed() => return,
+                signal = hangup.recv() => if signal.is_none() { return },
+            }
             telemetry.reload_requested("SIGHUP");
             if tx.send(load(&path).await).await.is_err() {
                 return;
@@ -61,9 +67,10 @@ async fn watch_file(path: PathBuf, tx: mpsc::Sender<Reload>, telemetry: Telemetr
     let mut loaded = read(&path).await;
     let mut previous = loaded.clone();
     loop {
-        tokio::time::sleep(POLL_INTERVAL).await;
-        if tx.is_closed() {
-            return;
+        // Ends with the forwarder, which drops the receiver.
+        tokio::select! {
+            () = tx.closed() => return,
+            () = tokio::time::sleep(POLL_INTERVAL) => {}
         }
         let Some(content) = read(&path).await else {
             previous = None;

@@ -410,3 +410,38 @@ endpoint = "healthy"
     drop(proxy);
     delete_all_with_prefix(&p).await;
 }
+
+/// When `run` returns, everything the forwarder started has stopped: with
+/// an endpoint down and probed in the background, no connection of the
+/// forwarder is left on the broker once it has stopped.
+#[tokio::test]
+async fn nothing_the_forwarder_started_outlives_it() {
+    let p = unique_prefix("lifecycle");
+    let broker = TestBroker::connect(&p).await;
+    // The primary publishes to an exchange that does not exist: its channel
+    // closes (404), it is marked down and probed every 100 ms.
+    let primary = endpoint_toml(
+        "primary",
+        "main",
+        &format!("{p}.never"),
+        false,
+        &format!("exchange = \"{p}.no-such-exchange\"\nprobe_interval_ms = 100"),
+    );
+    let backup = endpoint_toml("backup", "main", &format!("{p}.backup"), true, "");
+    let toml = one_branch(&p, "", &primary, &backup);
+    let forwarder = InProcess::start_consuming(&toml, &broker, &format!("{p}.in")).await;
+    publish_numbered(&broker, &p, 0..5).await;
+    broker
+        .await_count(&format!("{p}.backup"), 5, DEFAULT_TIMEOUT)
+        .await;
+    assert!(
+        !support::connections_named(&format!("{p}/"))
+            .await
+            .is_empty(),
+        "the forwarder's connections are open while it runs"
+    );
+    forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    let left = support::connections_named(&format!("{p}/")).await;
+    assert!(left.is_empty(), "still open after run returned: {left:?}");
+    delete_all_with_prefix(&p).await;
+}

@@ -205,7 +205,7 @@ fn x_death(message: &Message, field: &str) -> Option<String> {
 /// The startup error of a forwarder that must refuse to start.
 async fn topology_error(toml: &str) -> String {
     match InProcess::start(toml).finished().await {
-        Err(RunError::Topology(message)) => message,
+        Err(RunError::Topology(error)) => error.to_string(),
         other => panic!("expected a topology refusal at startup, got {other:?}"),
     }
 }

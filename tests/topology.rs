@@ -92,7 +92,7 @@ fn routed() -> BasicProperties {
 /// The startup error of a forwarder that must refuse to start.
 async fn topology_error(toml: &str) -> String {
     match InProcess::start(toml).finished().await {
-        Err(RunError::Topology(message)) => message,
+        Err(RunError::Topology(error)) => error.to_string(),
         other => panic!("expected a topology refusal at startup, got {other:?}"),
     }
 }

@@ -10,7 +10,9 @@
 //! (a broker resource alarm) and publishes the state on a watch channel:
 //! publishes wait out an alarm instead of timing out, and consuming pauses.
 
+use super::closing::close_connection;
 use super::error::{BrokerError, Fault};
+use crate::backoff::Backoff;
 use crate::config::BrokerSpec;
 use crate::telemetry::Telemetry;
 use futures_util::StreamExt;
@@ -23,12 +25,11 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 use tokio::sync::{Mutex, watch};
 use tokio::time::{Instant, timeout};
+use tokio_util::task::TaskTracker;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const BACKOFF_FIRST: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
-/// Bound on a graceful close at shutdown; past it the socket is dropped.
-const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Why no channel could be had from a broker. Every variant is transient:
 /// the caller fails over (or, for the consumer, retries later).
@@ -61,10 +62,21 @@ pub enum ConnectError {
     },
     /// The connection is up but refused or dropped `channel.open`.
     #[error("cannot open a channel: {0}")]
-    Channel(String),
+    Channel(#[source] BrokerError),
     /// `channel.open` (or `confirm.select`) was not answered in time.
     #[error("no answer to channel.open within {0} ms")]
     ChannelTimeout(u128),
+}
+
+impl ConnectError {
+    /// What went wrong in words that say what to fix, without the broker's
+    /// name in front: a refusal's reason, or the error itself.
+    pub fn reason(&self) -> String {
+        match self {
+            Self::Refused { reason, .. } => reason.clone(),
+            other => other.to_string(),
+        }
+    }
 }
 
 /// What a connection is for; consuming and publishing never share one, so a
@@ -97,13 +109,16 @@ pub struct Connector {
     /// A refusal ends the run (`--fail-fast` at start): it is logged as
     /// final, with no next try.
     refusal_final: AtomicBool,
+    /// Where its background work (event listeners, closes) runs, awaited at
+    /// shutdown.
+    background: TaskTracker,
     telemetry: Telemetry,
 }
 
-#[derive(Default)]
 struct State {
     connection: Option<Arc<Connection>>,
-    failures: u32,
+    /// Connect attempts failed in a row, and the wait before the next.
+    backoff: Backoff,
     retry_at: Option<Instant>,
     last_error: String,
     /// The last attempt was refused (credentials, vhost): until the next
@@ -111,9 +126,28 @@ struct State {
     refused: bool,
 }
 
+impl Default for State {
+    fn default() -> Self {
+        Self {
+            connection: None,
+            backoff: Backoff::new(BACKOFF_FIRST, BACKOFF_MAX),
+            retry_at: None,
+            last_error: String::new(),
+            refused: false,
+        }
+    }
+}
+
 impl Connector {
-    /// A connector; nothing is connected until first use.
-    pub fn new(spec: Arc<BrokerSpec>, instance: &str, role: Role, telemetry: Telemetry) -> Self {
+    /// A connector; nothing is connected until first use. Its background
+    /// work runs in `background`.
+    pub fn new(
+        spec: Arc<BrokerSpec>,
+        instance: &str,
+        role: Role,
+        background: TaskTracker,
+        telemetry: Telemetry,
+    ) -> Self {
         let role = match role {
             Role::Consume => "consume",
             Role::Publish => "publish",
@@ -128,6 +162,7 @@ impl Connector {
             })),
             frame_max: AtomicU32::new(0),
             refusal_final: AtomicBool::new(false),
+            background,
             telemetry,
         }
     }
@@ -187,7 +222,7 @@ impl Connector {
                     reason: e.to_string(),
                 })
             }
-            Some(Err(e)) => Err(ConnectError::Channel(e.to_string())),
+            Some(Err(e)) => Err(ConnectError::Channel(BrokerError::from_lapin(&e))),
             // Not a reason to drop a connection other endpoints share: if it
             // is really dead, heartbeats and their publishes will say so.
             None => Err(ConnectError::ChannelTimeout(limit.as_millis())),
@@ -221,7 +256,7 @@ impl Connector {
             .with_connection_name(self.connection_name.clone().into());
         let error = match connect_once(&self.spec, properties).await {
             Ok(connection) => {
-                if state.failures > 0 {
+                if state.backoff.failures() > 0 {
                     self.telemetry.broker_reconnected(
                         &self.spec.name,
                         &self.spec.node(),
@@ -240,13 +275,10 @@ impl Connector {
             }
             Err(error) => error,
         };
-        state.failures += 1;
         let refused = matches!(error, ConnectError::Refused { .. });
-        let delay = if refused {
-            BACKOFF_MAX
-        } else {
-            backoff(state.failures)
-        };
+        let delay = state.backoff.next_delay();
+        // A refusal needs a configuration change: retried at the slowest pace.
+        let delay = if refused { BACKOFF_MAX } else { delay };
         state.retry_at = Some(Instant::now() + delay);
         state.refused = refused;
         let (broker, node, uri) = (&self.spec.name, self.spec.node(), self.spec.redacted_uri());
@@ -287,7 +319,7 @@ impl Connector {
         };
         set(false);
         let mut events = Box::pin(connection.events_listener());
-        tokio::spawn(async move {
+        self.background.spawn(async move {
             while let Some(event) = events.next().await {
                 match event {
                     Event::ConnectionBlocked(reason) if set(true) => {
@@ -312,23 +344,25 @@ impl Connector {
             state.connection = None;
             tracing::debug!(broker = %self.spec.name, why, "discarding connection");
             let c = connection.clone();
-            tokio::spawn(async move {
-                let _ = timeout(
-                    Duration::from_secs(2),
-                    c.close(320, "switchyard: reconnecting".into()),
-                )
-                .await;
+            self.background.spawn(async move {
+                close_connection(&c, 320, "switchyard: reconnecting").await;
             });
         }
+    }
+
+    /// Closes the connection, if any, in the background (no generation
+    /// uses this connector any more).
+    pub fn close_later(self: &Arc<Self>) {
+        let connector = self.clone();
+        self.background
+            .spawn(async move { connector.close().await });
     }
 
     /// Closes the connection, if any (at shutdown).
     pub async fn close(&self) {
         let connection = self.state.lock().await.connection.take();
-        if let Some(c) = connection
-            && c.status().connected()
-        {
-            let _ = timeout(CLOSE_TIMEOUT, c.close(200, "switchyard: shutdown".into())).await;
+        if let Some(c) = connection {
+            close_connection(&c, 200, "switchyard: shutdown").await;
         }
     }
 }
@@ -422,18 +456,9 @@ fn refusal(error: &lapin::Error, spec: &BrokerSpec) -> String {
     )
 }
 
-/// Exponential backoff with full jitter between half and all of the step.
-fn backoff(failures: u32) -> Duration {
-    let step = BACKOFF_FIRST
-        .saturating_mul(1 << failures.saturating_sub(1).min(16))
-        .min(BACKOFF_MAX);
-    let millis = step.as_millis() as u64;
-    Duration::from_millis(millis / 2 + fastrand::u64(0..=millis / 2))
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{BACKOFF_MAX, ConnectError, Connector, Role, backoff};
+    use super::{BACKOFF_MAX, ConnectError, Connector, Role};
     use crate::config::BrokerSpec;
     use crate::telemetry::Telemetry;
     use std::sync::Arc;
@@ -447,7 +472,8 @@ mod tests {
             "down",
             "amqp://guest:secret@127.0.0.1:1/%2f",
         ));
-        let connector = Connector::new(spec, "unit", Role::Publish, Telemetry::new());
+        let background = tokio_util::task::TaskTracker::new();
+        let connector = Connector::new(spec, "unit", Role::Publish, background, Telemetry::new());
         let limit = Duration::from_secs(1);
         match connector.channel(true, limit).await {
             Err(ConnectError::Connect { uri, .. }) => {
@@ -470,16 +496,5 @@ mod tests {
             connector.channel(true, limit).await,
             Err(ConnectError::Connect { .. })
         ));
-    }
-
-    #[test]
-    fn backoff_grows_is_jittered_and_capped() {
-        for _ in 0..100 {
-            let first = backoff(1);
-            assert!(first >= Duration::from_millis(50) && first <= Duration::from_millis(100));
-            let third = backoff(3);
-            assert!(third >= Duration::from_millis(200) && third <= Duration::from_millis(400));
-            assert!(backoff(40) <= BACKOFF_MAX && backoff(40) >= BACKOFF_MAX / 2);
-        }
     }
 }

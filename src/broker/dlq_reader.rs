@@ -10,6 +10,7 @@
 //! content and order. If the process dies instead, the broker does the same
 //! when the connection drops.
 
+use super::closing::{close_channel, close_connection};
 use super::connector::{ConnectError, connect_once};
 use super::error::{BrokerError, Fault};
 use crate::amqp::{FieldTable, Properties};
@@ -25,7 +26,6 @@ use std::time::Duration;
 
 /// Bound on every broker operation, a publish confirm included.
 const OP_TIMEOUT: Duration = Duration::from_secs(30);
-const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Reading the dead-letter queue failed.
 #[derive(Debug, thiserror::Error)]
@@ -121,7 +121,7 @@ impl DlqReader {
             Ok(Ok(q)) => q.message_count(),
             Ok(Err(e)) => {
                 let error = BrokerError::from_lapin(&e);
-                let _ = tokio::time::timeout(CLOSE_TIMEOUT, connection.close(200, "".into())).await;
+                close_connection(&connection, 200, "").await;
                 return Err(match error.code {
                     Some(super::code::NOT_FOUND) => ReadError::Missing {
                         queue: queue.to_owned(),
@@ -271,12 +271,8 @@ impl DlqReader {
             None => Ok(()),
         };
         // Closing also requeues anything the nack did not reach.
-        let _ = tokio::time::timeout(CLOSE_TIMEOUT, self.channel.close(200, "".into())).await;
-        let _ = tokio::time::timeout(
-            CLOSE_TIMEOUT,
-            self.connection.close(200, "switchyard dlq: done".into()),
-        )
-        .await;
+        close_channel(&self.channel, "").await;
+        close_connection(&self.connection, 200, "switchyard dlq: done").await;
         requeued
     }
 }

@@ -10,7 +10,8 @@
 //! The probe itself ([`probe`]) opens a channel on the endpoint's broker
 //! and passively declares what the endpoint publishes to.
 
-use super::connector::Connector;
+use super::closing::close_channel;
+use super::connector::{ConnectError, Connector};
 use super::error::BrokerError;
 use crate::amqp::FieldTable;
 use crate::destination::Endpoint;
@@ -107,14 +108,28 @@ impl EndpointHealth {
     }
 }
 
+/// Why a probe found an endpoint still down.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ProbeFailure {
+    /// No channel on its broker.
+    #[error(transparent)]
+    Connect(ConnectError),
+    /// What it publishes to is missing or refused.
+    #[error("{0}")]
+    Broker(BrokerError),
+    /// No answer in time.
+    #[error("no answer within {} ms", .0.as_millis())]
+    Timeout(std::time::Duration),
+}
+
 /// Probes one endpoint: a channel on its broker, then passive declarations
 /// of what it publishes to, each on that short-lived channel.
-pub(super) async fn probe(connector: &Connector, endpoint: &Endpoint) -> Result<(), String> {
+pub(super) async fn probe(connector: &Connector, endpoint: &Endpoint) -> Result<(), ProbeFailure> {
     let limit = endpoint.confirm_timeout;
     let channel = connector
         .channel(false, limit)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(ProbeFailure::Connect)?;
     let checks = async {
         if !endpoint.exchange.is_empty() {
             let options = ExchangeDeclareOptions {
@@ -146,12 +161,10 @@ pub(super) async fn probe(connector: &Connector, endpoint: &Endpoint) -> Result<
         Ok::<_, lapin::Error>(())
     };
     let result = tokio::time::timeout(limit, checks).await;
-    if channel.status().connected() {
-        let _ = tokio::time::timeout(limit, channel.close(200, "switchyard: probe".into())).await;
-    }
+    close_channel(&channel, "switchyard: probe").await;
     match result {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(BrokerError::from_lapin(&e).to_string()),
-        Err(_) => Err(format!("no answer within {} ms", limit.as_millis())),
+        Ok(Err(e)) => Err(ProbeFailure::Broker(BrokerError::from_lapin(&e))),
+        Err(_) => Err(ProbeFailure::Timeout(limit)),
     }
 }

@@ -8,7 +8,9 @@
 //! receipt dropped unsettled requeues its message, so nothing leaks a
 //! prefetch slot.
 
+use super::closing::close_channel;
 use super::connector::{ConnectError, Connector};
+use super::error::BrokerError;
 use crate::amqp::FieldTable;
 use crate::config::Settings;
 use crate::envelope::Envelope;
@@ -32,17 +34,24 @@ pub enum ConsumeError {
     /// No channel to the inbound broker.
     #[error(transparent)]
     Connect(#[from] ConnectError),
-    /// `basic.qos` or `basic.consume` was refused or not answered.
-    #[error("cannot consume from \"{queue}\": {reason}")]
+    /// `basic.qos` or `basic.consume` was refused.
+    #[error("cannot consume from \"{queue}\": {error}")]
     Consume {
         /// The inbound queue.
         queue: String,
-        /// Why.
-        reason: String,
+        /// The broker's answer.
+        #[source]
+        error: BrokerError,
+    },
+    /// `basic.qos` or `basic.consume` was not answered in time.
+    #[error("cannot consume from \"{queue}\": no answer within {} s", OPEN_TIMEOUT.as_secs())]
+    Unanswered {
+        /// The inbound queue.
+        queue: String,
     },
     /// The consumer failed while delivering.
     #[error("consumer failed: {0}")]
-    Delivery(String),
+    Delivery(#[source] BrokerError),
 }
 
 /// A consuming channel with its settle task.
@@ -197,8 +206,17 @@ pub async fn open_inbound(
     };
     let consumer = match tokio::time::timeout(OPEN_TIMEOUT, start).await {
         Ok(Ok(consumer)) => consumer,
-        Ok(Err(e)) => return Err(consume_error(settings, e.to_string())),
-        Err(_) => return Err(consume_error(settings, "no answer within 10 s".to_owned())),
+        Ok(Err(e)) => {
+            return Err(ConsumeError::Consume {
+                queue: settings.inbound.queue.clone(),
+                error: BrokerError::from_lapin(&e),
+            });
+        }
+        Err(_) => {
+            return Err(ConsumeError::Unanswered {
+                queue: settings.inbound.queue.clone(),
+            });
+        }
     };
     let (settle, rx) = mpsc::unbounded_channel();
     let settler = tokio::spawn(settle_loop(channel.clone(), rx));
@@ -212,20 +230,13 @@ pub async fn open_inbound(
     })
 }
 
-fn consume_error(settings: &Settings, reason: String) -> ConsumeError {
-    ConsumeError::Consume {
-        queue: settings.inbound.queue.clone(),
-        reason,
-    }
-}
-
 impl InboundChannel {
     /// The next delivery. `None` when the consumer ended (channel or
     /// connection lost, or cancelled); the caller reopens.
     pub async fn next(&mut self) -> Option<Result<(Envelope, Receipt), ConsumeError>> {
         let delivery = match self.consumer.next().await? {
             Ok(delivery) => delivery,
-            Err(e) => return Some(Err(ConsumeError::Delivery(e.to_string()))),
+            Err(e) => return Some(Err(ConsumeError::Delivery(BrokerError::from_lapin(&e)))),
         };
         let tag = delivery.delivery_tag;
         let _ = self.settle.send(Settle::Track(tag));
@@ -268,13 +279,7 @@ impl InboundChannel {
         drop(self.settle);
         drop(self.consumer);
         let _ = tokio::time::timeout(Duration::from_secs(5), self.settler).await;
-        if self.channel.status().connected() {
-            let _ = tokio::time::timeout(
-                Duration::from_secs(5),
-                self.channel.close(200, "switchyard: shutdown".into()),
-            )
-            .await;
-        }
+        close_channel(&self.channel, "switchyard: shutdown").await;
     }
 }
 

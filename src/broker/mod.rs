@@ -21,6 +21,7 @@
 //! - `tls`: the PEM files of `amqps://` brokers, read at load time, and
 //!   TLS failures told apart from other connect errors.
 
+mod closing;
 mod connector;
 mod dlq_reader;
 mod error;
@@ -39,6 +40,8 @@ pub use health::{Down, EndpointHealth};
 pub use inbound::{ConsumeError, InboundChannel, Receipt, open_inbound};
 #[cfg(test)]
 pub use inbound::{Settled, SettledLog};
-pub use publisher::{Mode, PublishFailure, Publisher};
+pub use publisher::{Mode, PublishFailure, Publisher, Refusal};
 pub use registry::{Attempt, Health, Publish, Publishers};
-pub use topology::{TopologyError, declare_endpoint_queue, prepare_inbound, redeclare_inbound};
+pub use topology::{
+    OpFailure, TopologyError, declare_endpoint_queue, prepare_inbound, redeclare_inbound,
+};

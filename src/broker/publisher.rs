@@ -21,10 +21,11 @@
 //! timeouts do not run while the broker blocks the connection; the task
 //! keeps every publish's deadline itself (see [`Deadlines`]).
 
+use super::closing::close_channel;
 use super::connector::{Blocking, ConnectError, Connector};
 use super::error::{BrokerError, Fault};
 use super::frame_size::content_header_frame;
-use super::health::{Down, EndpointHealth};
+use super::health::{Down, EndpointHealth, ProbeFailure};
 use crate::amqp::{AmqpValue, FieldTable, ShortString};
 use crate::destination::Endpoint;
 use crate::envelope::{Envelope, value_text};
@@ -46,6 +47,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 static NEXT_PUBLISH_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -75,7 +77,7 @@ pub enum PublishFailure {
     /// The broker refuses this message itself (too large, foreign user_id):
     /// no endpoint will take it as it is.
     #[error("refused by the broker: {0}")]
-    Rejected(String),
+    Rejected(#[source] Refusal),
     /// The publisher is shutting down.
     #[error("publisher stopped")]
     Stopped,
@@ -87,6 +89,23 @@ impl PublishFailure {
     pub fn is_suspect(&self) -> bool {
         matches!(self, Self::Broker(e) if e.fault() == Fault::Message)
     }
+}
+
+/// Why a broker refuses one message for what it is.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// It closed the channel when the message was published alone.
+    #[error("{0}")]
+    Broker(BrokerError),
+    /// Its content header does not fit in one frame (checked before
+    /// publishing, as the broker would close the connection).
+    #[error("content header of {header} bytes exceeds the broker's frame_max of {frame_max}")]
+    FrameTooLarge {
+        /// The content header's size in bytes.
+        header: usize,
+        /// The connection's negotiated frame_max.
+        frame_max: usize,
+    },
 }
 
 /// How a copy is published.
@@ -109,7 +128,7 @@ pub struct Publisher {
 enum Command {
     Publish(Request),
     /// A background probe of a down endpoint finished.
-    Probed(Result<(), String>),
+    Probed(Result<(), ProbeFailure>),
 }
 
 struct Request {
@@ -131,6 +150,7 @@ impl Publisher {
         connector: Arc<Connector>,
         health: Arc<EndpointHealth>,
         stop: CancellationToken,
+        background: &TaskTracker,
         telemetry: Telemetry,
     ) -> Self {
         let (commands, rx) = mpsc::unbounded_channel();
@@ -155,9 +175,10 @@ impl Publisher {
             next_probe: None,
             probe_running: false,
             stop,
+            background: background.clone(),
             telemetry,
         };
-        tokio::spawn(actor.run());
+        background.spawn(actor.run());
         Self {
             endpoint,
             commands,
@@ -276,6 +297,8 @@ struct Actor {
     next_probe: Option<Instant>,
     probe_running: bool,
     stop: CancellationToken,
+    /// Where its probes and channel closes run.
+    background: TaskTracker,
     telemetry: Telemetry,
 }
 
@@ -312,11 +335,7 @@ impl Actor {
             .into_iter()
             .flatten()
         {
-            let _ = tokio::time::timeout(
-                Duration::from_secs(2),
-                channel.close(200, "switchyard: shutdown".into()),
-            )
-            .await;
+            close_channel(&channel, "switchyard: shutdown").await;
         }
     }
 
@@ -378,9 +397,8 @@ impl Actor {
             if request.mode == Mode::Alone {
                 self.alone_busy = None;
             }
-            let _ = request.reply.send(Err(PublishFailure::Rejected(format!(
-                "content header of {header} bytes exceeds the broker's frame_max of {frame_max}"
-            ))));
+            let refusal = Refusal::FrameTooLarge { header, frame_max };
+            let _ = request.reply.send(Err(PublishFailure::Rejected(refusal)));
             return;
         }
         let deadline = match request.mode {
@@ -519,12 +537,8 @@ impl Actor {
                 .mark_down(Down::Channel, &format_args!("no confirm within {limit} ms"));
             self.telemetry
                 .channel_reset(&self.endpoint.name, "confirm timeout");
-            tokio::spawn(async move {
-                let _ = tokio::time::timeout(
-                    Duration::from_secs(1),
-                    channel.close(200, "switchyard: confirm timeout".into()),
-                )
-                .await;
+            self.background.spawn(async move {
+                close_channel(&channel, "switchyard: confirm timeout").await;
             });
         }
     }
@@ -539,13 +553,18 @@ impl Actor {
         };
         let connector = self.connector.clone();
         let endpoint = self.endpoint.clone();
-        tokio::spawn(async move {
-            let result = super::health::probe(&connector, &endpoint).await;
-            let _ = commands.send(Command::Probed(result));
+        let stop = self.stop.clone();
+        self.background.spawn(async move {
+            tokio::select! {
+                () = stop.cancelled() => {}
+                result = super::health::probe(&connector, &endpoint) => {
+                    let _ = commands.send(Command::Probed(result));
+                }
+            }
         });
     }
 
-    fn probed(&mut self, result: Result<(), String>) {
+    fn probed(&mut self, result: Result<(), ProbeFailure>) {
         self.probe_running = false;
         match result {
             Ok(()) => self.health.mark_up(),
@@ -618,7 +637,7 @@ impl Actor {
                     && e.fault() == Fault::Message
                     && e.code.is_some()
                 {
-                    outcome = Err(PublishFailure::Rejected(e.to_string()));
+                    outcome = Err(PublishFailure::Rejected(Refusal::Broker(e.clone())));
                 }
             }
             match &outcome {

@@ -2,8 +2,12 @@
 //! JSON object per line for scripts, and hands every message back to the
 //! queue in its original order.
 
+use super::error::{Counts, DlqError};
 use super::record::{NACK_NOTE, PREVIEW_BYTES, Record};
-use super::{Counts, DEFAULT_INSPECT_LIMIT, DlqError, Scan, Selection, format_age, open};
+use super::scan::{Scan, Selection, format_age, open};
+
+/// Dead letters `inspect` lists when `--limit` is not given.
+pub const DEFAULT_INSPECT_LIMIT: u64 = 100;
 use crate::config::Settings;
 use std::fmt;
 use std::io::Write;
@@ -60,7 +64,7 @@ pub async fn inspect(
     let (mut reader, queued) = open(settings).await?;
     let mut scan = Scan::new(settings, &selection, queued);
     let mut records = Vec::new();
-    let scanned = loop {
+    let scanned: Result<(), DlqError> = loop {
         match scan.next(&mut reader).await {
             Ok(Some((_, record))) => {
                 if format == Format::Json {
@@ -71,8 +75,8 @@ pub async fn inspect(
                     records.push(record);
                 }
             }
-            Ok(None) => break scan.hold_rest(&mut reader).await,
-            Err(e) => break Err(e),
+            Ok(None) => break scan.hold_rest(&mut reader).await.map_err(DlqError::from),
+            Err(e) => break Err(e.into()),
         }
     };
     let finished = reader.finish().await;

@@ -13,66 +13,17 @@
 //! the others carry on; anything else (the inbound queue is missing or
 //! full, the connection is lost, no confirm) stops the run with what it did.
 
+use super::error::{DlqError, Redriven, Stop};
 use super::record::{Missing, redrive_properties};
-use super::{Counts, DlqError, Scan, Selection, open};
+use super::scan::{Scan, Selection, open};
 use crate::broker::RepublishError;
 use crate::config::Settings;
 use indicatif::{ProgressBar, ProgressStyle};
-use std::fmt;
 use std::future::Future;
 use std::io::Write;
 
 /// Below this many messages in the queue no progress bar is drawn.
 const PROGRESS_FROM: u32 = 50;
-
-/// What a redrive did; its `Display` is the summary line.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Redriven {
-    /// The dead-letter queue.
-    pub from: String,
-    /// The inbound queue.
-    pub to: String,
-    /// What the scan went through.
-    pub counts: Counts,
-    /// Dead letters confirmed on the inbound queue and removed.
-    pub redriven: u64,
-    /// Dead letters the broker refused to take back as they are; left in place.
-    pub refused: u64,
-    /// Dead letters every branch already held, removed without a copy.
-    pub held: u64,
-    /// Nothing was published or removed.
-    pub dry_run: bool,
-}
-
-impl fmt::Display for Redriven {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let c = &self.counts;
-        if self.dry_run {
-            write!(
-                f,
-                "dry run: {} of {} dead letter(s) in {} would be redriven to {}; nothing was changed",
-                c.selected, c.queued, self.from, self.to
-            )?;
-        } else {
-            write!(
-                f,
-                "{} of {} dead letter(s) redriven from {} to {}",
-                self.redriven, c.queued, self.from, self.to
-            )?;
-            if self.held > 0 {
-                write!(f, "; {} already held by every branch, removed", self.held)?;
-            }
-            if self.refused > 0 {
-                write!(
-                    f,
-                    "; {} refused by the broker, left in {}",
-                    self.refused, self.from
-                )?;
-            }
-        }
-        Ok(())
-    }
-}
 
 /// Redrives the dead letters `selection` takes, in queue order; stops
 /// (an error saying what was done) when `interrupt` completes, checked
@@ -108,16 +59,16 @@ pub async fn redrive(
         dry_run,
     };
     let mut interrupt = std::pin::pin!(interrupt);
-    let outcome: Result<(), String> = loop {
+    let outcome: Result<(), Stop> = loop {
         let next = tokio::select! {
             biased;
-            () = &mut interrupt => break Err("interrupted (SIGINT)".to_owned()),
+            () = &mut interrupt => break Err(Stop::Interrupted),
             next = scan.next(&mut reader) => next,
         };
         let (message, record) = match next {
             Ok(Some(found)) => found,
-            Ok(None) => break scan.hold_rest(&mut reader).await.map_err(|e| e.to_string()),
-            Err(e) => break Err(e.to_string()),
+            Ok(None) => break scan.hold_rest(&mut reader).await.map_err(Stop::Read),
+            Err(e) => break Err(e.into()),
         };
         bar.set_position(scan.counts.seen);
         let id = record.message_id.as_deref().unwrap_or("-");
@@ -128,13 +79,16 @@ pub async fn redrive(
                 let line = if dry_run {
                     format!("would remove {id}: every branch already holds it")
                 } else if let Err(e) = reader.ack(message.delivery_tag).await {
-                    break Err(format!("{id} could not be removed: {e}"));
+                    break Err(Stop::NotRemoved {
+                        id: id.to_owned(),
+                        error: e,
+                    });
                 } else {
                     done.held += 1;
                     format!("removed {id}: every branch already holds it")
                 };
                 if let Err(e) = writeln!(out, "{line}") {
-                    break Err(e.to_string());
+                    break Err(Stop::Output(e));
                 }
                 continue;
             }
@@ -147,7 +101,7 @@ pub async fn redrive(
             };
             let reason = record.reason.as_deref().unwrap_or("-");
             if let Err(e) = writeln!(out, "would redrive {id} ({reason}) to {inbound}: {to}") {
-                break Err(e.to_string());
+                break Err(Stop::Output(e));
             }
             continue;
         }
@@ -159,17 +113,26 @@ pub async fn redrive(
                 let _ = writeln!(out, "left {id} in place: refused by the broker: {why}");
                 continue;
             }
-            Err(RepublishError::Returned { code, text }) => {
-                break Err(format!(
-                    "the broker returned the copy of {id} ({code} {text}): does inbound.queue \"{inbound}\" exist?"
-                ));
+            Err(error @ RepublishError::Returned { .. }) => {
+                break Err(Stop::Returned {
+                    id: id.to_owned(),
+                    inbound: inbound.to_owned(),
+                    error,
+                });
             }
-            Err(e) => break Err(format!("the copy of {id} was not confirmed: {e}")),
+            Err(error) => {
+                break Err(Stop::NotConfirmed {
+                    id: id.to_owned(),
+                    error,
+                });
+            }
         }
-        if let Err(e) = reader.ack(message.delivery_tag).await {
-            break Err(format!(
-                "{id} reached {inbound} but stays in the dead-letter queue too: {e}"
-            ));
+        if let Err(error) = reader.ack(message.delivery_tag).await {
+            break Err(Stop::InBoth {
+                id: id.to_owned(),
+                inbound: inbound.to_owned(),
+                error,
+            });
         }
         done.redriven += 1;
         bar.set_message(format!("{} redriven", done.redriven));
@@ -179,11 +142,11 @@ pub async fn redrive(
     let finished = reader.finish().await;
     match (outcome, finished) {
         (Err(why), _) => Err(DlqError::Stopped {
-            why,
+            why: Box::new(why),
             done: Box::new(done),
         }),
         (Ok(()), Err(e)) => Err(DlqError::Stopped {
-            why: e.to_string(),
+            why: Box::new(Stop::Read(e)),
             done: Box::new(done),
         }),
         (Ok(()), Ok(())) => {

@@ -21,7 +21,9 @@
 use super::engine::{self, spawn_held};
 use super::generation::Generation;
 use super::live::Live;
+use super::outcome::Verdict;
 use super::sessions::{self, Sessions};
+use crate::backoff::Backoff;
 use crate::broker::{
     ConnectError, ConsumeError, InboundChannel, Receipt, open_inbound, redeclare_inbound,
 };
@@ -72,7 +74,7 @@ impl Consumer {
         let forwarder = &self;
         let telemetry = &self.telemetry;
         let (mut permits, mut prefetch) = permits_for(&forwarder.live.current());
-        let mut delay = Duration::from_millis(100);
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         let mut reopening = false;
         while !shutdown.is_cancelled() {
             let generation = forwarder.live.current();
@@ -103,7 +105,7 @@ impl Consumer {
                         }),
                         other => {
                             telemetry.consumer_lost(queue, &other.to_string());
-                            Either::Right(tokio::time::sleep(delay))
+                            Either::Right(tokio::time::sleep(backoff.next_delay()))
                         }
                     };
                     drop(generation);
@@ -122,11 +124,10 @@ impl Consumer {
                             }
                         }
                     }
-                    delay = (delay * 2).min(Duration::from_secs(5));
                     continue;
                 }
             };
-            delay = Duration::from_millis(100);
+            backoff.reset();
             telemetry.consuming(queue, settings.inbound.prefetch);
             forwarder.consuming.store(true, Ordering::Relaxed);
             drop(generation);
@@ -141,7 +142,7 @@ impl Consumer {
                 }
                 Leave::Lost => {
                     inbound.mark_lost();
-                    tokio::spawn(inbound.close());
+                    forwarder.live.common.background.spawn(inbound.close());
                 }
                 Leave::Reconfigured => {
                     inbound.stop_consuming().await;
@@ -269,7 +270,8 @@ fn dispatch(
         return;
     }
     let started = engine::route(&generation.settings.routing, &envelope, refused)
-        .map(|plans| generation.engine.start(&envelope, plans));
+        .map(|plans| generation.engine.start(&envelope, plans))
+        .map_err(Verdict::barred);
     let in_flight = telemetry.transaction_started();
     let transaction = async move {
         let verdict = match started {

@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// The name of the publisher of annotated dead-letter copies.
 const DEAD_LETTER_ENDPOINT: &str = "dead-letter";
@@ -54,6 +55,9 @@ pub(super) struct Common {
     pub(super) publishers_stop: CancellationToken,
     /// Branches waiting out an outage, whichever generation they run under.
     pub(super) outages: Outages,
+    /// Every connector's and publisher's background work (publisher
+    /// actors, probes, event listeners, closes), awaited at shutdown.
+    pub(super) background: TaskTracker,
     pub(super) telemetry: Telemetry,
 }
 
@@ -63,9 +67,8 @@ pub struct Shared(pub(super) Arc<Connector>);
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        let connector = self.0.clone();
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move { connector.close().await });
+        if tokio::runtime::Handle::try_current().is_ok() {
+            self.0.close_later();
         }
     }
 }
@@ -103,6 +106,7 @@ impl Generation {
                             spec.clone(),
                             &settings.name,
                             Role::Publish,
+                            common.background.clone(),
                             telemetry.clone(),
                         ))))
                     });
@@ -118,6 +122,7 @@ impl Generation {
                     settings.brokers[inbound_broker].clone(),
                     &settings.name,
                     Role::Consume,
+                    common.background.clone(),
                     telemetry.clone(),
                 ))))
             });
@@ -138,6 +143,7 @@ impl Generation {
                         publish_connectors[&endpoint.broker].0.clone(),
                         Arc::new(health),
                         common.publishers_stop.clone(),
+                        &common.background,
                         telemetry.clone(),
                     )
                 }
@@ -254,6 +260,7 @@ impl Generation {
             health_epoch: Arc::new(watch::Sender::new(0)),
             publishers_stop: CancellationToken::new(),
             outages: Outages::default(),
+            background: TaskTracker::new(),
             telemetry: telemetry.clone(),
         };
         let mut generation = Self::build(1, settings, None, &common);

@@ -4,7 +4,7 @@
 //! goes on; a rejected one changes nothing.
 
 use super::generation::{Common, Generation};
-use crate::broker::{TopologyError, declare_endpoint_queue, prepare_inbound};
+use crate::broker::{declare_endpoint_queue, prepare_inbound};
 use crate::config::Settings;
 use crate::reload::Reload;
 use crate::telemetry::Telemetry;
@@ -98,7 +98,7 @@ impl Live {
             let connector = &next.publish_connectors[&endpoint.broker].0;
             match declare_endpoint_queue(connector, endpoint).await {
                 Ok(()) => {}
-                Err(TopologyError::Refused(why)) => {
+                Err(why) if why.is_refusal() => {
                     self.telemetry.reload_rejected(&why);
                     return false;
                 }

@@ -34,6 +34,7 @@ pub mod settle;
 #[cfg(test)]
 mod testkit;
 
+use crate::backoff::Backoff;
 use crate::broker::{ConnectError, TopologyError, declare_endpoint_queue, prepare_inbound};
 use crate::config::Settings;
 use crate::reload::Reload;
@@ -48,18 +49,24 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+/// How long the background work (publisher actors, probes, connection
+/// closes) gets to finish once every connection is closed; past it, what is
+/// left is given up on and logged.
+const BACKGROUND_BOUND: Duration = Duration::from_secs(5);
+
 /// Why the forwarder could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     /// The broker refused the topology the configuration asks for.
-    #[error("{0}")]
-    Topology(String),
-    /// With fail-fast: a broker refused the credentials or the vhost at start.
-    #[error("{0}")]
-    Refused(String),
+    #[error(transparent)]
+    Topology(TopologyError),
+    /// With fail-fast: a broker refused the credentials or the vhost at
+    /// start. Said as what to fix.
+    #[error("{}", .0.reason())]
+    Refused(#[source] ConnectError),
     /// The admin endpoint could not listen.
-    #[error("{0}")]
-    Admin(String),
+    #[error(transparent)]
+    Admin(crate::admin::AdminError),
 }
 
 /// A configured forwarder, not yet connected.
@@ -90,6 +97,7 @@ impl Forwarder {
             health_epoch: Arc::new(watch::Sender::new(0)),
             publishers_stop: CancellationToken::new(),
             outages: Outages::default(),
+            background: TaskTracker::new(),
             telemetry: telemetry.clone(),
         };
         let tracker = TaskTracker::new();
@@ -169,6 +177,16 @@ impl Forwarder {
             .chain(last.publish_connectors.values())
             .map(|c| c.0.close());
         futures_util::future::join_all(closes).await;
+        drop(last);
+        let background = &common.background;
+        background.close();
+        if tokio::time::timeout(BACKGROUND_BOUND, background.wait())
+            .await
+            .is_err()
+        {
+            self.telemetry
+                .background_left(background.len(), BACKGROUND_BOUND);
+        }
         self.telemetry.stopped();
         Ok(())
     }
@@ -203,7 +221,7 @@ impl Forwarder {
     ) -> Result<(), RunError> {
         let settings = &generation.settings;
         let connector = generation.topology_connector();
-        let mut delay = Duration::from_millis(200);
+        let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
         loop {
             let prepared = tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
@@ -211,21 +229,20 @@ impl Forwarder {
             };
             let retry = match prepared {
                 Ok(()) => break,
-                Err(TopologyError::Refused(why)) => return Err(RunError::Topology(why)),
-                Err(TopologyError::NoConnection(ConnectError::Refused { reason, .. }))
+                Err(why) if why.is_refusal() => return Err(RunError::Topology(why)),
+                Err(TopologyError::NoConnection(refused @ ConnectError::Refused { .. }))
                     if self.fail_fast =>
                 {
-                    return Err(RunError::Refused(reason));
+                    return Err(RunError::Refused(refused));
                 }
                 // Logged by the connector, with its next try: the one to wait for.
                 Err(TopologyError::NoConnection(_)) => {
                     futures_util::future::Either::Left(connector.next_attempt())
                 }
-                Err(TopologyError::Unreachable(why)) => {
+                Err(why) => {
+                    let delay = backoff.next_delay();
                     self.telemetry.startup_retry(&why, delay);
-                    let sleep = tokio::time::sleep(delay);
-                    delay = (delay * 2).min(Duration::from_secs(5));
-                    futures_util::future::Either::Right(sleep)
+                    futures_util::future::Either::Right(tokio::time::sleep(delay))
                 }
             };
             tokio::select! {
@@ -243,11 +260,11 @@ impl Forwarder {
             let connector = &generation.publish_connectors[&endpoint.broker].0;
             match declare_endpoint_queue(connector, endpoint).await {
                 Ok(()) => {}
-                Err(TopologyError::Refused(why)) => return Err(RunError::Topology(why)),
-                Err(TopologyError::NoConnection(ConnectError::Refused { reason, .. }))
+                Err(why) if why.is_refusal() => return Err(RunError::Topology(why)),
+                Err(TopologyError::NoConnection(refused @ ConnectError::Refused { .. }))
                     if self.fail_fast =>
                 {
-                    return Err(RunError::Refused(reason));
+                    return Err(RunError::Refused(refused));
                 }
                 Err(why) => self
                     .telemetry
@@ -269,8 +286,8 @@ async fn refuse_fast(generation: &Generation) -> Result<(), RunError> {
         .filter(|(name, _)| *name != inbound)
         .map(|(_, c)| c.0.connection());
     for result in futures_util::future::join_all(others).await {
-        if let Err(ConnectError::Refused { reason, .. }) = result {
-            return Err(RunError::Refused(reason));
+        if let Err(refused @ ConnectError::Refused { .. }) = result {
+            return Err(RunError::Refused(refused));
         }
     }
     Ok(())

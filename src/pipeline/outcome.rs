@@ -1,8 +1,11 @@
 //! Outcomes as values: what each branch did, and the verdict one
-//! transaction reaches. Settlement turns a [`Verdict`] into an ack or a dead
-//! letter.
+//! transaction reaches, with its cause kept typed. Settlement turns a
+//! [`Verdict`] into an ack or a dead letter.
 
+use crate::broker::{PublishFailure, Refusal};
+use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// How one branch ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,8 +23,8 @@ pub enum BranchOutcome {
         branch: Arc<str>,
         /// The endpoint that failed last (`""` when none was tried).
         endpoint: String,
-        /// The last error, one line.
-        error: String,
+        /// The last attempt's failure.
+        error: PublishFailure,
     },
     /// The broker refused the message itself (published alone, or checked
     /// before publishing); no endpoint would take it as it is.
@@ -30,8 +33,8 @@ pub enum BranchOutcome {
         branch: Arc<str>,
         /// The endpoint whose broker refused it.
         endpoint: String,
-        /// The broker's reply, one line.
-        error: String,
+        /// What the broker said.
+        error: Refusal,
     },
     /// Stopped because the inbound channel was lost: the broker redelivers
     /// the message, so nothing more is sent for it.
@@ -102,6 +105,168 @@ impl Reason {
     }
 }
 
+/// Why a message is dead-lettered without (or instead of) its branches'
+/// outcomes: the screen, the routing table or its session stopped it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Barred {
+    /// No filter matched.
+    #[error("no filter-table entry matched")]
+    NoRoute,
+    /// Headers nested deeper than the forwarder handles.
+    #[error("headers nest {depth} levels deep (limit {limit})")]
+    Malformed {
+        /// How deep they nest.
+        depth: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// Forwarded `inbound.max_hops` times already.
+    #[error("forwarded {hops} times already (inbound.max_hops = {max}); a routing loop?")]
+    Loop {
+        /// Forwards so far.
+        hops: u32,
+        /// `inbound.max_hops`.
+        max: u32,
+    },
+    /// Delivered more than `inbound.max_redeliveries` times.
+    #[error("delivered {deliveries} times (inbound.max_redeliveries = {max})")]
+    Poison {
+        /// Deliveries, this one included.
+        deliveries: u32,
+        /// `inbound.max_redeliveries`.
+        max: u32,
+    },
+    /// The session received no message for `idle`.
+    #[error("no message of the session for {} ms", .idle.as_millis())]
+    SessionTimeout {
+        /// `sessions.idle_timeout_ms`.
+        idle: Duration,
+    },
+    /// The session outgrew its limits.
+    #[error(
+        "the session holds {messages} messages and {bytes} bytes, over sessions.max_messages \
+         ({max_messages}) or sessions.max_bytes ({max_bytes})"
+    )]
+    SessionTooLarge {
+        /// Messages in the set.
+        messages: usize,
+        /// Body bytes in the set.
+        bytes: u64,
+        /// `sessions.max_messages`.
+        max_messages: u32,
+        /// `sessions.max_bytes`.
+        max_bytes: u64,
+    },
+    /// The session was completed or dead-lettered `ago`.
+    #[error("session \"{id}\" was completed or dead-lettered {} ms ago", .ago.as_millis())]
+    SessionClosed {
+        /// The session id.
+        id: Arc<str>,
+        /// How long ago.
+        ago: Duration,
+    },
+    /// The message reached its session after the session ended.
+    #[error("session \"{id}\" ended before this message came")]
+    SessionEnded {
+        /// The session id.
+        id: Arc<str>,
+    },
+}
+
+impl Barred {
+    /// The dead-letter reason it stands for.
+    pub fn reason(&self) -> Reason {
+        match self {
+            Self::NoRoute => Reason::NoRoute,
+            Self::Malformed { .. } => Reason::Malformed,
+            Self::Loop { .. } => Reason::Loop,
+            Self::Poison { .. } => Reason::Poison,
+            Self::SessionTimeout { .. } => Reason::SessionTimeout,
+            Self::SessionTooLarge { .. } => Reason::SessionTooLarge,
+            Self::SessionClosed { .. } | Self::SessionEnded { .. } => Reason::SessionClosed,
+        }
+    }
+}
+
+/// One branch that failed: where, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BranchFailure {
+    /// Branch name.
+    pub branch: Arc<str>,
+    /// The endpoint that failed or refused last (`""` when none was tried).
+    pub endpoint: String,
+    /// Why.
+    pub error: BranchError,
+}
+
+/// Why one branch failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BranchError {
+    /// Its list was exhausted; the last attempt's failure.
+    #[error("{0}")]
+    Exhausted(PublishFailure),
+    /// The broker refused the message itself.
+    #[error("{0}")]
+    Rejected(Refusal),
+}
+
+/// Why a message is dead-lettered, typed: what barred it, or the branches
+/// that failed. Its `Display` is the dead letter's one-line error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cause {
+    /// Barred before (or instead of) delivering.
+    Barred(Barred),
+    /// Branches failed, in filter-table order.
+    Branches(Vec<BranchFailure>),
+}
+
+impl Cause {
+    /// The dead-letter reason: `rejected` when a broker refused the message
+    /// itself, `exhausted` when lists ran out, the bar's otherwise.
+    pub fn reason(&self) -> Reason {
+        match self {
+            Self::Barred(barred) => barred.reason(),
+            Self::Branches(failures) => {
+                if failures
+                    .iter()
+                    .any(|f| matches!(f.error, BranchError::Rejected(_)))
+                {
+                    Reason::Rejected
+                } else {
+                    Reason::Exhausted
+                }
+            }
+        }
+    }
+
+    /// The failed branches, each with the endpoint that failed last; empty
+    /// for a bar.
+    pub fn failed_branches(&self) -> impl Iterator<Item = &BranchFailure> {
+        let failures: &[BranchFailure] = match self {
+            Self::Barred(_) => &[],
+            Self::Branches(failures) => failures,
+        };
+        failures.iter()
+    }
+}
+
+impl fmt::Display for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Barred(barred) => barred.fmt(f),
+            Self::Branches(failures) => {
+                for (i, failure) in failures.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str("; ")?;
+                    }
+                    write!(f, "{}: {}", failure.branch, failure.error)?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
 /// What to do with the inbound message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
@@ -111,11 +276,10 @@ pub enum Verdict {
     Abandon,
     /// Dead-letter, recording which branches failed and which were delivered.
     DeadLetter {
-        /// Why.
-        reason: Reason,
-        /// The last error, one line.
-        error: String,
-        /// Branches that failed.
+        /// Why, typed; its reason and text go in the dead letter.
+        cause: Cause,
+        /// Branches that failed (or, in a session's set, that do not hold
+        /// this message).
         failed: Vec<String>,
         /// For each failed branch, the endpoint that refused last (`""`
         /// when none was tried).
@@ -126,16 +290,10 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    /// The verdict for a message no filter matched.
-    pub fn no_route() -> Self {
-        Self::refuse(Reason::NoRoute, "no filter-table entry matched".to_owned())
-    }
-
     /// A dead letter decided before any branch ran.
-    pub fn refuse(reason: Reason, error: String) -> Self {
+    pub fn barred(barred: Barred) -> Self {
         Self::DeadLetter {
-            reason,
-            error,
+            cause: Cause::Barred(barred),
             failed: Vec::new(),
             refused_by: Vec::new(),
             delivered: Vec::new(),
@@ -147,7 +305,7 @@ impl Outcome {
     /// Commit when every branch delivered; abandon when the inbound channel
     /// was lost; otherwise dead-letter: `rejected` when the broker refused
     /// the message itself, `exhausted` when lists ran out.
-    pub fn verdict(&self) -> Verdict {
+    pub fn verdict(self) -> Verdict {
         // The common case, decided without building the dead-letter lists.
         if self
             .branches
@@ -156,12 +314,9 @@ impl Outcome {
         {
             return Verdict::Commit;
         }
-        let mut failed = Vec::new();
-        let mut refused_by = Vec::new();
+        let mut failures = Vec::new();
         let mut delivered = Vec::new();
-        let mut errors = Vec::new();
-        let mut reason = Reason::Exhausted;
-        for branch in &self.branches {
+        for branch in self.branches {
             match branch {
                 BranchOutcome::Delivered { branch, .. } => delivered.push(branch.to_string()),
                 BranchOutcome::Abandoned { .. } => return Verdict::Abandon,
@@ -169,33 +324,29 @@ impl Outcome {
                     branch,
                     endpoint,
                     error,
-                } => {
-                    failed.push(branch.to_string());
-                    refused_by.push(endpoint.clone());
-                    errors.push(format!("{branch}: {error}"));
-                }
+                } => failures.push(BranchFailure {
+                    branch,
+                    endpoint,
+                    error: BranchError::Exhausted(error),
+                }),
                 BranchOutcome::Rejected {
                     branch,
                     endpoint,
                     error,
-                } => {
-                    reason = Reason::Rejected;
-                    failed.push(branch.to_string());
-                    refused_by.push(endpoint.clone());
-                    errors.push(format!("{branch}: {error}"));
-                }
+                } => failures.push(BranchFailure {
+                    branch,
+                    endpoint,
+                    error: BranchError::Rejected(error),
+                }),
             }
         }
-        if failed.is_empty() {
-            Verdict::Commit
-        } else {
-            Verdict::DeadLetter {
-                reason,
-                error: errors.join("; "),
-                failed,
-                refused_by,
-                delivered,
-            }
+        let failed = failures.iter().map(|f| f.branch.to_string()).collect();
+        let refused_by = failures.iter().map(|f| f.endpoint.clone()).collect();
+        Verdict::DeadLetter {
+            cause: Cause::Branches(failures),
+            failed,
+            refused_by,
+            delivered,
         }
     }
 }
@@ -211,11 +362,11 @@ mod tests {
         }
     }
 
-    fn failed(b: &str, e: &str) -> BranchOutcome {
+    fn failed(b: &str) -> BranchOutcome {
         BranchOutcome::Failed {
             branch: b.into(),
             endpoint: format!("{b}-backup"),
-            error: e.to_owned(),
+            error: PublishFailure::Nacked,
         }
     }
 
@@ -230,21 +381,26 @@ mod tests {
     #[test]
     fn one_failed_branch_dead_letters_with_complete_lists() {
         let outcome = Outcome {
-            branches: vec![
-                delivered("service"),
-                failed("logging", "nacked by the broker"),
-            ],
+            branches: vec![delivered("service"), failed("logging")],
         };
-        assert_eq!(
-            outcome.verdict(),
-            Verdict::DeadLetter {
-                reason: Reason::Exhausted,
-                error: "logging: nacked by the broker".to_owned(),
-                failed: vec!["logging".to_owned()],
-                refused_by: vec!["logging-backup".to_owned()],
-                delivered: vec!["service".to_owned()],
-            }
-        );
+        let Verdict::DeadLetter {
+            cause,
+            failed,
+            refused_by,
+            delivered,
+        } = outcome.verdict()
+        else {
+            panic!("a dead letter");
+        };
+        assert_eq!(cause.reason(), Reason::Exhausted);
+        assert_eq!(cause.to_string(), "logging: nacked by the broker");
+        assert_eq!(failed, ["logging"]);
+        assert_eq!(refused_by, ["logging-backup"]);
+        assert_eq!(delivered, ["service"]);
+        assert!(matches!(
+            cause.failed_branches().next().map(|f| &f.error),
+            Some(BranchError::Exhausted(PublishFailure::Nacked))
+        ));
     }
 
     #[test]
@@ -268,23 +424,37 @@ mod tests {
                 BranchOutcome::Rejected {
                     branch: "service".into(),
                     endpoint: "primary".to_owned(),
-                    error: "406".to_owned(),
+                    error: Refusal::FrameTooLarge {
+                        header: 200_000,
+                        frame_max: 131_072,
+                    },
                 },
             ],
         };
         assert!(matches!(
             rejected.verdict(),
-            Verdict::DeadLetter { reason: Reason::Rejected, ref failed, ref refused_by, .. }
-                if failed == &["service"] && refused_by == &["primary"]
+            Verdict::DeadLetter { ref cause, ref failed, ref refused_by, .. }
+                if cause.reason() == Reason::Rejected && failed == &["service"] && refused_by == &["primary"]
         ));
         let abandoned = Outcome {
             branches: vec![
-                failed("logging", "nacked"),
+                failed("logging"),
                 BranchOutcome::Abandoned {
                     branch: "service".into(),
                 },
             ],
         };
         assert_eq!(abandoned.verdict(), Verdict::Abandon);
+    }
+
+    #[test]
+    fn a_bar_keeps_its_reason_and_says_why() {
+        let bar = Barred::Loop { hops: 8, max: 8 };
+        assert_eq!(bar.reason(), Reason::Loop);
+        assert_eq!(
+            Cause::Barred(bar).to_string(),
+            "forwarded 8 times already (inbound.max_hops = 8); a routing loop?"
+        );
+        assert_eq!(Barred::NoRoute.reason(), Reason::NoRoute);
     }
 }

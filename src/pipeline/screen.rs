@@ -10,7 +10,7 @@
 //!   (by message_id, or by a hash of the body when there is none) in a
 //!   bounded memory of recent messages, which a restart forgets.
 
-use super::outcome::{Reason, Verdict};
+use super::outcome::Barred;
 use crate::envelope::{Envelope, MAX_HEADER_DEPTH, value_text};
 use crate::wire;
 use std::collections::HashMap;
@@ -58,35 +58,26 @@ impl Screen {
         }
     }
 
-    /// `None` when `envelope` may be routed; otherwise the dead-letter verdict.
-    pub fn check(&self, envelope: &Envelope) -> Option<Verdict> {
+    /// `None` when `envelope` may be routed; otherwise why it is barred.
+    pub fn check(&self, envelope: &Envelope) -> Option<Barred> {
         let depth = envelope.header_depth();
         if depth > MAX_HEADER_DEPTH {
-            return Some(Verdict::refuse(
-                Reason::Malformed,
-                format!("headers nest {depth} levels deep (limit {MAX_HEADER_DEPTH})"),
-            ));
+            return Some(Barred::Malformed {
+                depth,
+                limit: MAX_HEADER_DEPTH,
+            });
         }
         let hops = envelope.hops();
         if hops >= self.max_hops {
-            return Some(Verdict::refuse(
-                Reason::Loop,
-                format!(
-                    "forwarded {hops} times already (inbound.max_hops = {}); a routing loop?",
-                    self.max_hops
-                ),
-            ));
+            return Some(Barred::Loop {
+                hops,
+                max: self.max_hops,
+            });
         }
         let redeliveries = self.redeliveries(envelope);
-        (redeliveries > self.max_redeliveries).then(|| {
-            Verdict::refuse(
-                Reason::Poison,
-                format!(
-                    "delivered {} times (inbound.max_redeliveries = {})",
-                    redeliveries + 1,
-                    self.max_redeliveries
-                ),
-            )
+        (redeliveries > self.max_redeliveries).then(|| Barred::Poison {
+            deliveries: redeliveries.saturating_add(1),
+            max: self.max_redeliveries,
         })
     }
 
@@ -124,6 +115,7 @@ fn identity(envelope: &Envelope) -> u64 {
 mod tests {
     use super::*;
     use crate::amqp::{AmqpValue, FieldArray, FieldTable, Properties};
+    use crate::pipeline::outcome::Reason;
 
     fn envelope(headers: FieldTable, redelivered: bool) -> Envelope {
         Envelope {
@@ -154,11 +146,8 @@ mod tests {
         envelope(headers, redelivered)
     }
 
-    fn reason(verdict: Option<Verdict>) -> Option<Reason> {
-        match verdict? {
-            Verdict::DeadLetter { reason, .. } => Some(reason),
-            _ => None,
-        }
+    fn reason(barred: Option<Barred>) -> Option<Reason> {
+        barred.map(|b| b.reason())
     }
 
     #[test]
@@ -171,12 +160,17 @@ mod tests {
     #[test]
     fn deeper_headers_are_malformed_with_the_depth_in_the_error() {
         let screen = Screen::new(8, 10);
+        let barred = screen.check(&with_depth(3000));
         assert_eq!(
-            screen.check(&with_depth(3000)),
-            Some(Verdict::refuse(
-                Reason::Malformed,
-                "headers nest 3000 levels deep (limit 64)".to_owned()
-            ))
+            barred,
+            Some(Barred::Malformed {
+                depth: 3000,
+                limit: MAX_HEADER_DEPTH
+            })
+        );
+        assert_eq!(
+            barred.map(|b| b.to_string()).as_deref(),
+            Some("headers nest 3000 levels deep (limit 64)")
         );
         assert!(screen.check(&with_depth(MAX_HEADER_DEPTH + 1)).is_some());
     }

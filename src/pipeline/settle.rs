@@ -14,6 +14,7 @@
 
 use super::outcome::{Reason, Verdict};
 use crate::amqp::{AmqpValue, FieldArray, FieldTable, Properties, ShortString};
+use crate::backoff::Backoff;
 use crate::broker::{Mode, Publish, PublishFailure, Receipt};
 use crate::destination::DeadLetterMode;
 use crate::destination::Endpoint;
@@ -104,15 +105,14 @@ impl Settler {
                     None
                 }
                 Verdict::DeadLetter {
-                    reason,
-                    error,
+                    cause,
                     failed,
                     refused_by,
                     delivered,
                 } => {
                     let letter = Letter {
-                        reason,
-                        error: one_line(&error),
+                        reason: cause.reason(),
+                        error: one_line(&cause.to_string()),
                         failed,
                         refused_by,
                         delivered,
@@ -217,7 +217,7 @@ async fn publish_dead_letter(
     let mut copy = envelope.clone();
     let mut extra = headers;
     let mut mode = Mode::Normal;
-    let mut delay = RETRY_FIRST;
+    let mut backoff = Backoff::new(RETRY_FIRST, RETRY_MAX);
     loop {
         if receipt.lost().is_cancelled() {
             return false;
@@ -225,7 +225,8 @@ async fn publish_dead_letter(
         let (publish, endpoint) = dead_letters;
         match publish.publish(endpoint, &copy, extra.clone(), mode).await {
             Ok(()) => return true,
-            Err(e) if e.is_suspect() => mode = Mode::Alone,
+            // Alone once, at once; a suspect again alone waits like any failure.
+            Err(e) if e.is_suspect() && mode == Mode::Normal => mode = Mode::Alone,
             Err(PublishFailure::Rejected(why)) if Arc::ptr_eq(&copy, envelope) => {
                 telemetry.dead_letter_reduced(message_id, reason, &why);
                 let removed = envelope.headers().map_or(0, |h| h.inner().len());
@@ -237,13 +238,13 @@ async fn publish_dead_letter(
                 mode = Mode::Normal;
             }
             Err(e) => {
+                let delay = backoff.next_delay();
                 telemetry.dead_letter_retry(message_id, reason, &e, delay);
                 mode = Mode::Normal;
                 tokio::select! {
                     () = receipt.lost().cancelled() => return false,
                     () = tokio::time::sleep(delay) => {}
                 }
-                delay = (delay * 2).min(RETRY_MAX);
             }
         }
     }

@@ -316,11 +316,11 @@ impl Telemetry {
 
     /// The broker refused the dead-letter copy itself: it is sent again
     /// without the producer's headers and user_id.
-    pub fn dead_letter_reduced(&self, message_id: &str, reason: &str, error: &str) {
+    pub fn dead_letter_reduced(&self, message_id: &str, reason: &str, error: &dyn Display) {
         tracing::warn!(
             message_id,
             reason,
-            error,
+            %error,
             "dead letter refused as it is; sending it without the producer's headers"
         );
     }
@@ -498,6 +498,15 @@ impl Telemetry {
             in_flight,
             bound_ms = millis(bound),
             "shutdown bound reached; unfinished messages go back to the queue"
+        );
+    }
+
+    /// Background tasks were still running when the forwarder stopped.
+    pub fn background_left(&self, tasks: usize, bound: Duration) {
+        tracing::warn!(
+            tasks,
+            bound_ms = millis(bound),
+            "background work did not finish within its bound; giving up on it"
         );
     }
 

@@ -22,8 +22,8 @@ mod operation;
 mod probe;
 mod queue;
 
-pub use operation::TopologyError;
 use operation::{Op, run};
+pub use operation::{OpFailure, TopologyError};
 use probe::probe_dead_letter_route;
 use queue::{QueueSpec, Setting, ensure_queue};
 
@@ -55,7 +55,7 @@ pub async fn prepare_inbound(
         })
         .await
         .map_err(|e| match e {
-            Op::Refused(404, _) => TopologyError::Refused(format!(
+            Op::Refused(404, _) => TopologyError::Mismatch(format!(
                 "dead_letter.exchange \"{}\" does not exist on broker \"{}\": create it, or set inbound.declare = true",
                 dl.exchange, inbound.broker
             )),

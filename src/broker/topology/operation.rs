@@ -2,7 +2,9 @@
 //! closes its channel), and how it ended: what every startup check is made
 //! of.
 
+use super::super::closing::close_channel;
 use super::super::connector::{ConnectError, Connector, within_unblocked};
+use super::super::error::BrokerError;
 use crate::amqp::FieldTable;
 use lapin::options::QueueDeclareOptions;
 use lapin::protocol::AMQPErrorKind;
@@ -21,12 +23,51 @@ pub enum TopologyError {
     #[error(transparent)]
     NoConnection(ConnectError),
     /// A declaration was not answered, or its channel failed; worth retrying.
+    #[error("{what}: {cause}")]
+    Unanswered {
+        /// What was being declared, by its configuration key.
+        what: String,
+        /// What went wrong.
+        #[source]
+        cause: OpFailure,
+    },
+    /// The broker refused a declaration (a permission, say). Not worth
+    /// retrying.
+    #[error("{what}: refused by the broker ({code} {text})")]
+    Declined {
+        /// What was being declared, by its configuration key.
+        what: String,
+        /// The broker's reply code.
+        code: u16,
+        /// The broker's reply text.
+        text: String,
+    },
+    /// The configuration and what the broker has disagree (a missing queue,
+    /// a queue of another type, a dead-letter route to nowhere). Not worth
+    /// retrying; the message says what to change.
     #[error("{0}")]
-    Unreachable(String),
-    /// The broker refused: the configuration and the broker disagree. Not
-    /// worth retrying; the message says what to change.
+    Mismatch(String),
+}
+
+impl TopologyError {
+    /// Whether only a change of the configuration or the broker helps.
+    pub fn is_refusal(&self) -> bool {
+        matches!(self, Self::Declined { .. } | Self::Mismatch(_))
+    }
+}
+
+/// Why one declaration got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum OpFailure {
+    /// No channel could be opened for it.
     #[error("{0}")]
-    Refused(String),
+    Channel(ConnectError),
+    /// Its channel or connection failed under it.
+    #[error("{0}")]
+    Lost(BrokerError),
+    /// No answer in time.
+    #[error("no answer within {} s", .0.as_secs())]
+    Timeout(Duration),
 }
 
 pub(super) async fn message_count(connector: &Connector, queue: &str) -> Option<u32> {
@@ -68,7 +109,7 @@ pub(super) async fn passive_queue(connector: &Connector, queue: &str) -> Result<
 pub(super) enum Op {
     /// No connection: nothing was declared.
     NoConnection(ConnectError),
-    Unreachable(String),
+    Unreachable(OpFailure),
     Refused(u16, String),
 }
 
@@ -76,10 +117,15 @@ impl Op {
     pub(super) fn into_error(self, what: &str) -> TopologyError {
         match self {
             Op::NoConnection(e) => TopologyError::NoConnection(e),
-            Op::Unreachable(why) => TopologyError::Unreachable(format!("{what}: {why}")),
-            Op::Refused(code, text) => {
-                TopologyError::Refused(format!("{what}: refused by the broker ({code} {text})"))
-            }
+            Op::Unreachable(cause) => TopologyError::Unanswered {
+                what: what.to_owned(),
+                cause,
+            },
+            Op::Refused(code, text) => TopologyError::Declined {
+                what: what.to_owned(),
+                code,
+                text,
+            },
         }
     }
 }
@@ -103,7 +149,7 @@ where
         .await
         .map_err(|e| match e {
             ConnectError::Channel(_) | ConnectError::ChannelTimeout(_) => {
-                Op::Unreachable(e.to_string())
+                Op::Unreachable(OpFailure::Channel(e))
             }
             _ => Op::NoConnection(e),
         })?;
@@ -111,20 +157,15 @@ where
     let result = within_unblocked(op(channel.clone()), OP_TIMEOUT, connector.blocking())
         .await
         .ok_or(());
-    if channel.status().connected() {
-        let _ = channel.close(200, "done".into()).await;
-    }
+    close_channel(&channel, "done").await;
     match result {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(e)) => Err(match e.kind() {
             ErrorKind::ProtocolError(amqp) if matches!(amqp.kind(), AMQPErrorKind::Soft(_)) => {
                 Op::Refused(amqp.get_id(), amqp.get_message().to_string())
             }
-            _ => Op::Unreachable(e.to_string()),
+            _ => Op::Unreachable(OpFailure::Lost(BrokerError::from_lapin(&e))),
         }),
-        Err(_) => Err(Op::Unreachable(format!(
-            "no answer within {} s",
-            OP_TIMEOUT.as_secs()
-        ))),
+        Err(_) => Err(Op::Unreachable(OpFailure::Timeout(OP_TIMEOUT))),
     }
 }

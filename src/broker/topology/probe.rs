@@ -53,14 +53,14 @@ pub(super) async fn probe_dead_letter_route(
     match confirmation {
         Confirmation::Ack(None) | Confirmation::NotRequested => Ok(()),
         Confirmation::Ack(Some(_)) if dl.exchange.is_empty() => {
-            Err(TopologyError::Refused(format!(
+            Err(TopologyError::Mismatch(format!(
                 "dead_letter.routing_key \"{}\" names no queue on broker \"{broker}\" (dead_letter.exchange \
              is the default exchange): every dead letter would be lost; create that queue, or name \
              an existing one",
                 dl.routing_key
             )))
         }
-        Confirmation::Ack(Some(_)) => Err(TopologyError::Refused(format!(
+        Confirmation::Ack(Some(_)) => Err(TopologyError::Mismatch(format!(
             "dead_letter.exchange \"{}\" on broker \"{broker}\" routes nothing with \
              dead_letter.routing_key \"{}\": every dead letter would be lost; bind a queue to it \
              with that routing key, or set dead_letter.queue and inbound.declare = true so \

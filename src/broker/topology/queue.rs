@@ -126,7 +126,7 @@ pub(super) async fn ensure_queue(
         passive_queue(connector, spec.name)
             .await
             .map_err(|e| match e {
-                Op::Refused(404, _) => TopologyError::Refused(format!(
+                Op::Refused(404, _) => TopologyError::Mismatch(format!(
                     "{} \"{}\" does not exist on broker \"{}\": create it, or set inbound.declare = true",
                     spec.key, spec.name, spec.broker
                 )),
@@ -364,7 +364,7 @@ async fn mismatch_error(
         (Setting::QueueType { .. }, None) => "\"classic\"".to_owned(),
         (_, value) => display(value.as_ref()),
     };
-    TopologyError::Refused(format!(
+    TopologyError::Mismatch(format!(
         "{} has {} = {} where the configuration needs {}: {}; {} (broker: {})",
         spec.describe(),
         mismatch.arg,
@@ -382,7 +382,7 @@ async fn refused(connector: &Connector, spec: &QueueSpec<'_>, text: &str) -> Top
         Some(n) => format!("; it holds {n} messages"),
         None => String::new(),
     };
-    TopologyError::Refused(format!(
+    TopologyError::Mismatch(format!(
         "{} exists with settings switchyard cannot match ({}){holds}: declare it durable, \
          non-exclusive and without auto-delete, or name another queue",
         spec.describe(),

@@ -26,7 +26,7 @@ mod tests;
 pub use outage::Outages;
 pub use walk::{BranchRun, Walk};
 
-use super::outcome::{BranchOutcome, Outcome, Verdict};
+use super::outcome::{Barred, BranchOutcome, Outcome};
 use crate::broker::{Attempt, Publish};
 use crate::envelope::Envelope;
 use crate::routing::{BranchPlan, RoutingTable};
@@ -81,19 +81,19 @@ impl Engine {
     }
 }
 
-/// The branches `envelope` takes, or the verdict for a message that is not
-/// to be forwarded: the screen's refusal (`refused`), or `no-route`.
+/// The branches `envelope` takes, or why it is not to be forwarded: the
+/// screen's bar (`barred`), or `no-route`.
 pub fn route(
     routing: &RoutingTable,
     envelope: &Envelope,
-    refused: Option<Verdict>,
-) -> Result<Vec<BranchPlan>, Verdict> {
-    if let Some(verdict) = refused {
-        return Err(verdict);
+    barred: Option<Barred>,
+) -> Result<Vec<BranchPlan>, Barred> {
+    if let Some(barred) = barred {
+        return Err(barred);
     }
     let plans = routing.route(envelope);
     if plans.is_empty() {
-        Err(Verdict::no_route())
+        Err(Barred::NoRoute)
     } else {
         Ok(plans)
     }

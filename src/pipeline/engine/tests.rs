@@ -4,7 +4,7 @@
 //! replay on failover.
 
 use super::{BranchRun, Engine, Outages, Walk};
-use crate::broker::{Health, PublishFailure};
+use crate::broker::{Health, PublishFailure, Refusal};
 use crate::config::Settings;
 use crate::envelope::Envelope;
 use crate::pipeline::outcome::{BranchOutcome, Outcome};
@@ -76,7 +76,7 @@ async fn an_endpoint_is_retried_before_the_branch_moves_on_and_an_exhausted_list
         [BranchOutcome::Failed {
             branch: "service".into(),
             endpoint: "b".to_owned(),
-            error: "nacked by the broker".to_owned(),
+            error: PublishFailure::Nacked,
         }]
     );
 }
@@ -100,7 +100,12 @@ async fn a_down_endpoint_is_skipped_while_a_later_one_is_up() {
 async fn a_suspect_is_retried_alone_on_the_same_endpoint_and_rejected_there() {
     let script = Script::new(|call, _| match call.mode {
         crate::broker::Mode::Normal => Reply::Fail(suspect()),
-        crate::broker::Mode::Alone => Reply::Fail(PublishFailure::Rejected("406".to_owned())),
+        crate::broker::Mode::Alone => {
+            Reply::Fail(PublishFailure::Rejected(Refusal::FrameTooLarge {
+                header: 200_000,
+                frame_max: 131_072,
+            }))
+        }
     });
     let (engine, _) = engine(&script);
     let settings = settings(&["a", "b"], "service", "");

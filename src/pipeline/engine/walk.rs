@@ -168,10 +168,9 @@ impl BranchRun {
                 continue;
             }
             self.failed = true;
-            let (endpoint, error) = last_error.map_or_else(
-                || (String::new(), "no endpoint to try".to_owned()),
-                |(endpoint, e)| (endpoint, e.to_string()),
-            );
+            // A compiled list is never empty; `Stopped` stands for "nothing tried".
+            let (endpoint, error) =
+                last_error.unwrap_or_else(|| (String::new(), PublishFailure::Stopped));
             let route = (endpoint.as_str(), None);
             telemetry.failover(message_id, &self.plan.name, route, &error, None);
             return BranchOutcome::Failed {

@@ -6,7 +6,7 @@ use crate::amqp::{AmqpValue, ShortString};
 use crate::broker::Receipt;
 use crate::config;
 use crate::envelope::{Envelope, value_text};
-use crate::pipeline::outcome::Verdict;
+use crate::pipeline::outcome::Barred;
 use std::sync::Arc;
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -16,9 +16,9 @@ pub(crate) struct Arrival {
     pub(crate) envelope: Arc<Envelope>,
     pub(crate) receipt: Receipt,
     pub(crate) permit: OwnedSemaphorePermit,
-    /// The screen's verdict when the message must not be forwarded: the
-    /// whole session is dead-lettered with it.
-    pub(crate) refused: Option<Verdict>,
+    /// Why the screen bars the message, if it does: the whole session is
+    /// dead-lettered with it.
+    pub(crate) refused: Option<Barred>,
 }
 
 /// The session a message belongs to, if any: the text of its id header.

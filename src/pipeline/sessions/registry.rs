@@ -7,7 +7,7 @@ use super::task::SessionTask;
 use crate::config;
 use crate::pipeline::engine::spawn_held;
 use crate::pipeline::generation::Generation;
-use crate::pipeline::outcome::{Reason, Verdict};
+use crate::pipeline::outcome::{Barred, Verdict};
 use crate::telemetry::Telemetry;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -249,13 +249,10 @@ impl Sessions {
             permit,
             ..
         } = arrival;
-        let verdict = Verdict::refuse(
-            Reason::SessionClosed,
-            format!(
-                "session \"{id}\" was completed or dead-lettered {} ms ago",
-                ago.as_millis()
-            ),
-        );
+        let verdict = Verdict::barred(Barred::SessionClosed {
+            id: id.clone(),
+            ago,
+        });
         let settled = async move {
             let settler = &generation.settler;
             settler

@@ -21,7 +21,7 @@ use crate::broker::Receipt;
 use crate::envelope::Envelope;
 use crate::pipeline::engine::{self, BranchRun, Walk, held};
 use crate::pipeline::generation::Generation;
-use crate::pipeline::outcome::{Outcome, Reason, Verdict};
+use crate::pipeline::outcome::{Barred, Cause, Outcome, Verdict};
 use crate::telemetry::Telemetry;
 use futures_util::future::join_all;
 use std::sync::Arc;
@@ -57,44 +57,23 @@ struct Set {
 /// How the session ends.
 enum End {
     Completed,
-    DeadLetter(Failure),
+    /// Why the whole set is dead-lettered.
+    DeadLetter(Cause),
     Abandoned,
 }
 
-/// Why the whole set is dead-lettered.
-struct Failure {
-    reason: Reason,
-    error: String,
-    /// The branches that failed, each with the endpoint that refused last;
-    /// empty when the set as a whole failed.
-    failed: Vec<(String, String)>,
-}
-
-impl Failure {
-    /// The failure a dead-letter verdict names; `None` for any other.
+impl End {
+    /// The end a message's verdict calls for, if any.
     fn of(verdict: Verdict) -> Option<Self> {
         match verdict {
-            Verdict::DeadLetter {
-                reason,
-                error,
-                failed,
-                refused_by,
-                ..
-            } => Some(Self {
-                reason,
-                error,
-                failed: failed.into_iter().zip(refused_by).collect(),
-            }),
-            Verdict::Commit | Verdict::Abandon => None,
+            Verdict::Commit => None,
+            Verdict::Abandon => Some(Self::Abandoned),
+            Verdict::DeadLetter { cause, .. } => Some(Self::DeadLetter(cause)),
         }
     }
 
-    fn whole(reason: Reason, error: String) -> Self {
-        Self {
-            reason,
-            error,
-            failed: Vec::new(),
-        }
+    fn barred(barred: Barred) -> Self {
+        Self::DeadLetter(Cause::Barred(barred))
     }
 }
 
@@ -122,7 +101,7 @@ impl SessionTask {
             End::Abandoned => self
                 .telemetry
                 .session_abandoned(&self.id, set.receipts.len()),
-            End::DeadLetter(failure) => self.dead_letter(set, &branches, failure).await,
+            End::DeadLetter(cause) => self.dead_letter(set, &branches, cause).await,
         }
         self.late_arrivals(closing).await;
     }
@@ -145,34 +124,25 @@ impl SessionTask {
             let arrival = match held(&self.abandon, next).await.flatten() {
                 None | Some(Ok(None)) => return End::Abandoned,
                 Some(Err(_)) => {
-                    return End::DeadLetter(Failure::whole(
-                        Reason::SessionTimeout,
-                        format!(
-                            "no message of the session for {} ms",
-                            config.idle_timeout.as_millis()
-                        ),
-                    ));
+                    return End::barred(Barred::SessionTimeout {
+                        idle: config.idle_timeout,
+                    });
                 }
                 Some(Ok(Some(arrival))) => arrival,
             };
             let refused = arrival.refused.clone();
             let end = is_end(&arrival.envelope, config);
             set.push(arrival);
-            if let Some(failure) = refused.and_then(Failure::of) {
-                return End::DeadLetter(failure);
+            if let Some(barred) = refused {
+                return End::barred(barred);
             }
             if set.envelopes.len() > config.max_messages as usize || set.bytes > config.max_bytes {
-                return End::DeadLetter(Failure::whole(
-                    Reason::SessionTooLarge,
-                    format!(
-                        "the session holds {} messages and {} bytes, over sessions.max_messages \
-                         ({}) or sessions.max_bytes ({})",
-                        set.envelopes.len(),
-                        set.bytes,
-                        config.max_messages,
-                        config.max_bytes
-                    ),
-                ));
+                return End::barred(Barred::SessionTooLarge {
+                    messages: set.envelopes.len(),
+                    bytes: set.bytes,
+                    max_messages: config.max_messages,
+                    max_bytes: config.max_bytes,
+                });
             }
             if branches.is_empty() {
                 let routing = &generation.settings.routing;
@@ -182,9 +152,7 @@ impl SessionTask {
                             .into_iter()
                             .map(|plan| BranchRun::new(plan, &generation.engine)),
                     ),
-                    Err(verdict) => {
-                        return Failure::of(verdict).map_or(End::Abandoned, End::DeadLetter);
-                    }
+                    Err(barred) => return End::barred(barred),
                 }
             }
             let walk = Walk {
@@ -194,11 +162,11 @@ impl SessionTask {
             };
             let run = &set.envelopes;
             let outcomes = join_all(branches.iter_mut().map(|b| b.deliver(run, None, &walk))).await;
-            match (Outcome { branches: outcomes }).verdict() {
-                Verdict::Commit if end => return End::Completed,
-                Verdict::Commit => {}
-                Verdict::Abandon => return End::Abandoned,
-                verdict => return Failure::of(verdict).map_or(End::Abandoned, End::DeadLetter),
+            if let Some(ended) = End::of(Outcome { branches: outcomes }.verdict()) {
+                return ended;
+            }
+            if end {
+                return End::Completed;
             }
         }
     }
@@ -208,9 +176,9 @@ impl SessionTask {
     /// which do not: a branch that failed holds none of the set, since the
     /// set must reach it whole; the message a whole-set failure stopped at
     /// reached no branch.
-    async fn dead_letter(&self, set: Set, branches: &[BranchRun], failure: Failure) {
+    async fn dead_letter(&self, set: Set, branches: &[BranchRun], cause: Cause) {
         self.telemetry
-            .session_dead_lettered(&self.id, failure.reason.as_str(), set.receipts.len());
+            .session_dead_lettered(&self.id, cause.reason().as_str(), set.receipts.len());
         let Set {
             envelopes,
             receipts,
@@ -227,17 +195,16 @@ impl SessionTask {
                 let mut delivered = Vec::new();
                 for branch in branches {
                     let name = branch.name().to_string();
-                    let refusal = failure.failed.iter().find(|(b, _)| *b == name);
-                    if refusal.is_none() && index < branch.holds() {
+                    let failure = cause.failed_branches().find(|f| *f.branch == *name);
+                    if failure.is_none() && index < branch.holds() {
                         delivered.push(name);
                     } else {
-                        refused_by.push(refusal.map(|(_, e)| e.clone()).unwrap_or_default());
+                        refused_by.push(failure.map(|f| f.endpoint.clone()).unwrap_or_default());
                         failed.push(name);
                     }
                 }
                 let verdict = Verdict::DeadLetter {
-                    reason: failure.reason,
-                    error: failure.error.clone(),
+                    cause: cause.clone(),
                     failed,
                     refused_by,
                     delivered,
@@ -261,10 +228,9 @@ impl SessionTask {
             if closing == Closing::Abandoned || self.lost.is_cancelled() {
                 continue;
             }
-            let verdict = Verdict::refuse(
-                Reason::SessionClosed,
-                format!("session \"{}\" ended before this message came", self.id),
-            );
+            let verdict = Verdict::barred(Barred::SessionEnded {
+                id: self.id.clone(),
+            });
             self.telemetry.session_closed_arrival(
                 &self.id,
                 arrival.envelope.message_id(),

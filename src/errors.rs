@@ -1,0 +1,51 @@
+//! Errors as one line: an error and the causes under it (its `source`
+//! chain), each said once. Errors here keep their cause typed at every
+//! module boundary, so code classifies by type, and people read this line.
+
+use std::error::Error;
+
+/// `error`, then each cause not already said, joined with `": "`.
+pub fn one_line(error: &(dyn Error + 'static)) -> String {
+    let mut line = error.to_string();
+    let mut cause = error.source();
+    while let Some(e) = cause {
+        let text = e.to_string();
+        // A cause whose words the line already has (or that only repeats
+        // the line with more in front) adds nothing.
+        if !line.contains(&text) && !text.contains(&line) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        cause = e.source();
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_line;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot start")]
+    struct Top(#[source] Middle);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot open a channel: {0}")]
+    struct Middle(#[source] Bottom);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("403 ACCESS_REFUSED")]
+    struct Bottom;
+
+    #[test]
+    fn each_cause_is_said_once() {
+        assert_eq!(
+            one_line(&Top(Middle(Bottom))),
+            "cannot start: cannot open a channel: 403 ACCESS_REFUSED"
+        );
+        assert_eq!(
+            one_line(&Middle(Bottom)),
+            "cannot open a channel: 403 ACCESS_REFUSED"
+        );
+    }
+}
