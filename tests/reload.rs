@@ -476,3 +476,87 @@ async fn a_reload_connects_an_added_broker_and_closes_a_removed_one() {
     broker.close().await;
     delete_all_with_prefix(&p).await;
 }
+
+/// A session open when a reload turns sessions off (or renames the id
+/// header) finishes under the settings it started with: its last messages
+/// join it, the set is acked as one and reaches the endpoint whole and in
+/// order; a message of the old header that opens no session after the
+/// reload is forwarded as an independent message.
+#[tokio::test]
+async fn open_sessions_finish_under_their_settings_across_a_reload() {
+    let p = unique_prefix("reload-sessions");
+    let broker = TestBroker::connect(&p).await;
+    let inbound = format!("{p}.in");
+    let queue = format!("{p}.one");
+    let plain = to_queue(&p, &base_toml(&p, "nack"), "svc", "one");
+    let with =
+        |extra: &str| format!("{plain}\n[sessions]\nenabled = true\nmax_open = 4\n{extra}\n");
+    let (forwarder, reloads) = start_reloadable(&with(""));
+    wait_consumers(&broker, &inbound, 1).await;
+    let message = |session: &str, seq: u32, end: bool| {
+        let mut headers = vec![("session-id", support::amqp_str(session))];
+        if end {
+            headers.push(("session-end", lapin::types::AMQPValue::Boolean(true)));
+        }
+        let props = BasicProperties::default()
+            .with_message_id(format!("{session}/{seq}").into())
+            .with_headers(support::field_table(headers));
+        (format!("{session}/{seq}"), props)
+    };
+    for (session, reload) in [
+        ("off", plain.clone()),
+        ("renamed", with("id_header = \"sid\"")),
+    ] {
+        for seq in 0..2 {
+            let (body, props) = message(session, seq, false);
+            broker.publish("", &inbound, body.as_bytes(), props).await;
+        }
+        wait_until(
+            "the open session holds two messages",
+            DEFAULT_TIMEOUT,
+            || async { support::ready_unacked(&inbound).await == Some((0, 2)) },
+        )
+        .await;
+        let before = generation(&forwarder).unwrap_or_default() as u32;
+        let _ = reloads.send(settings(&reload)).await;
+        wait_generation(&forwarder, before + 1).await;
+        let (body, props) = message(session, 2, true);
+        broker.publish("", &inbound, body.as_bytes(), props).await;
+        // A new message of the old header is no session now: forwarded alone.
+        let (body, props) = message(&format!("{session}-new"), 0, false);
+        broker.publish("", &inbound, body.as_bytes(), props).await;
+        wait_until("everything is acked", DEFAULT_TIMEOUT, || async {
+            support::ready_unacked(&inbound).await == Some((0, 0))
+        })
+        .await;
+        let got: Vec<String> = broker
+            .get_all(&queue)
+            .await
+            .iter()
+            .map(|m| m.body_str())
+            .collect();
+        let mut session_part: Vec<&String> = got
+            .iter()
+            .filter(|b| b.starts_with(&format!("{session}/")))
+            .collect();
+        session_part.dedup();
+        assert_eq!(
+            session_part,
+            [
+                &format!("{session}/0"),
+                &format!("{session}/1"),
+                &format!("{session}/2")
+            ],
+            "{got:?}"
+        );
+        assert!(got.contains(&format!("{session}-new/0")), "{got:?}");
+        assert_eq!(broker.queue_len(&format!("{p}.dlq")).await, 0);
+        // Back to sessions on, by the original header, for the next round.
+        let before = generation(&forwarder).unwrap_or_default() as u32;
+        let _ = reloads.send(settings(&with(""))).await;
+        wait_generation(&forwarder, before + 1).await;
+    }
+    forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    broker.close().await;
+    delete_all_with_prefix(&p).await;
+}

@@ -257,16 +257,14 @@ fn dispatch(
     let envelope = Arc::new(envelope);
     let generation = consumer.live.current();
     let refused = generation.screen.check(&envelope);
-    if let Some(config) = &generation.settings.sessions
-        && let Some(id) = sessions::session_id(&envelope, config)
-    {
+    if let Some((id, session_generation)) = consumer.sessions.member(&envelope, &generation) {
         let arrival = sessions::Arrival {
             envelope,
             receipt,
             permit,
             refused,
         };
-        consumer.sessions.admit(id, arrival, &generation, config);
+        consumer.sessions.admit(id, arrival, &session_generation);
         return;
     }
     let started = engine::route(&generation.settings.routing, &envelope, refused)

@@ -2,14 +2,16 @@
 //! task), the ones waiting for a slot, and the ones closed recently.
 //! [`Sessions::admit`] hands each message of a session to its place.
 
-use super::membership::{Arrival, Closing, annotation};
+use super::membership::{Arrival, Closing, annotation, session_id};
 use super::task::SessionTask;
 use crate::config;
+use crate::envelope::Envelope;
 use crate::pipeline::engine::spawn_held;
 use crate::pipeline::generation::Generation;
 use crate::pipeline::outcome::{Barred, Verdict};
 use crate::telemetry::Telemetry;
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -22,6 +24,9 @@ use tokio_util::task::TaskTracker;
 #[derive(Clone)]
 pub(crate) struct Sessions {
     registry: Arc<Mutex<Registry>>,
+    /// Open and waiting sessions, readable without the lock: while there
+    /// are none, no message needs the registry to know it is independent.
+    live: Arc<AtomicUsize>,
     tracker: TaskTracker,
     /// The forwarder's shutdown bound: open sessions are abandoned.
     abandon: CancellationToken,
@@ -49,6 +54,8 @@ struct Open {
     /// Cancelled to abandon the session (the consumer stops or moves).
     stop: CancellationToken,
     serial: u64,
+    /// The generation it opened under, whose `[sessions]` it keeps.
+    generation: Arc<Generation>,
 }
 
 struct Waiting {
@@ -64,6 +71,7 @@ impl Sessions {
     ) -> Self {
         Self {
             registry: Arc::default(),
+            live: Arc::default(),
             tracker,
             abandon,
             telemetry,
@@ -77,17 +85,74 @@ impl Sessions {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Takes one message of session `id`, consumed under `generation`,
-    /// whose sessions settings are `config`.
-    pub(crate) fn admit(
+    /// The session `envelope` belongs to, with the generation it is to be
+    /// admitted under; `None` for an independent message. A session open
+    /// (or waiting) claims its messages first, by the id header it opened
+    /// with: it finishes under the `[sessions]` settings it started with,
+    /// whatever a reload changed since (sessions turned off, the header
+    /// renamed, the limits changed). Otherwise the live `generation`'s
+    /// settings say, and a new session opens under them.
+    pub(crate) fn member(
         &self,
+        envelope: &Envelope,
+        generation: &Arc<Generation>,
+    ) -> Option<(Arc<str>, Arc<Generation>)> {
+        if self.live.load(Ordering::Relaxed) > 0 {
+            let registry = self.lock();
+            let mut headers: Vec<&Arc<Generation>> = Vec::new();
+            let open = registry.open.values().map(|o| &o.generation);
+            let waiting = registry.waiting_sets.values().map(|w| &w.generation);
+            for opened in open.chain(waiting) {
+                let Some(config) = opened.settings.sessions.as_ref() else {
+                    continue;
+                };
+                let seen = headers.iter().any(|g| {
+                    g.settings
+                        .sessions
+                        .as_ref()
+                        .is_some_and(|c| c.id_header == config.id_header)
+                });
+                if seen {
+                    continue;
+                }
+                headers.push(opened);
+                if let Some(id) = session_id(envelope, config) {
+                    let claimed = registry
+                        .open
+                        .get(&id)
+                        .map(|o| &o.generation)
+                        .or_else(|| registry.waiting_sets.get(&id).map(|w| &w.generation));
+                    if let Some(owner) = claimed {
+                        return Some((id, owner.clone()));
+                    }
+                }
+            }
+        }
+        let config = generation.settings.sessions.as_ref()?;
+        session_id(envelope, config).map(|id| (id, generation.clone()))
+    }
+
+    /// Takes one message of session `id`, to be admitted under `generation`
+    /// (from [`Self::member`]); a new session opens under its settings.
+    pub(crate) fn admit(&self, id: Arc<str>, arrival: Arrival, generation: &Arc<Generation>) {
+        let generation = generation.clone();
+        let Some(config) = generation.settings.sessions.clone() else {
+            return;
+        };
+        let config = &config;
+        let mut registry = self.lock();
+        self.admit_locked(&mut registry, id, arrival, generation, config);
+        self.count_live(&registry);
+    }
+
+    fn admit_locked(
+        &self,
+        registry: &mut MutexGuard<'_, Registry>,
         id: Arc<str>,
         arrival: Arrival,
-        generation: &Arc<Generation>,
+        generation: Arc<Generation>,
         config: &config::Sessions,
     ) {
-        let generation = generation.clone();
-        let mut registry = self.lock();
         registry.forget_closed(config.closed_ttl);
         let mut arrival = arrival;
         if let Some(open) = registry.open.get(&id) {
@@ -108,7 +173,6 @@ impl Sessions {
                 registry.closed.remove(&id);
             } else {
                 let ago = closed_at.elapsed();
-                drop(registry);
                 self.dead_letter_closed(id, arrival, generation, ago);
                 return;
             }
@@ -118,7 +182,7 @@ impl Sessions {
             return;
         }
         if registry.open.len() < slots(config) {
-            self.open(&mut registry, id, generation, vec![arrival]);
+            self.open(registry, id, generation, vec![arrival]);
         } else {
             self.telemetry
                 .session_waiting(&id, arrival.envelope.message_id(), registry.open.len());
@@ -162,6 +226,7 @@ impl Sessions {
                 lost: lost.clone(),
                 stop: stop.clone(),
                 serial,
+                generation: generation.clone(),
             },
         );
         let sessions = self.clone();
@@ -196,6 +261,7 @@ impl Sessions {
         }
         self.telemetry.session_released();
         self.promote(&mut registry);
+        self.count_live(&registry);
     }
 
     /// Opens waiting sessions while slots are free.
@@ -231,6 +297,12 @@ impl Sessions {
         registry.open.clear();
         registry.waiting.clear();
         registry.waiting_sets.clear();
+        self.count_live(&registry);
+    }
+
+    fn count_live(&self, registry: &Registry) {
+        let live = registry.open.len() + registry.waiting_sets.len();
+        self.live.store(live, Ordering::Relaxed);
     }
 
     /// Dead-letters one message of a session that closed `ago`.

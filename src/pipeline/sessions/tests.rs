@@ -3,7 +3,7 @@
 //! set, the size limit, the closed-session memory, and what a session's
 //! dead letters record about the branches that hold each message.
 
-use super::{Arrival, Sessions, session_id};
+use super::{Arrival, Sessions};
 use crate::amqp::AmqpValue;
 use crate::broker::{PublishFailure, Settled, SettledLog};
 use crate::config::Settings;
@@ -51,32 +51,45 @@ impl Bench {
 
     /// Message `tag` of session `id`, the last of it when `end`.
     async fn admit(&self, tag: u64, id: &str, end: bool) {
-        let mut headers = vec![("session-id", AmqpValue::LongString(id.into()))];
+        self.admit_by(tag, "session-id", id, end).await;
+    }
+
+    /// [`Self::admit`] with the id in header `header`.
+    async fn admit_by(&self, tag: u64, header: &str, id: &str, end: bool) {
+        let mut headers = vec![(header, AmqpValue::LongString(id.into()))];
         if end {
             headers.push(("session-end", AmqpValue::Boolean(true)));
         }
         let envelope = envelope(&format!("{id}-{tag}"), &headers);
-        let config = self.generation.settings.sessions.clone();
-        let Some(config) = config else {
-            panic!("sessions are off");
-        };
-        let Some(session) = session_id(&envelope, &config) else {
-            panic!("no session id");
-        };
         let permit = match self.permits.clone().acquire_owned().await {
             Ok(permit) => permit,
             Err(e) => panic!("{e}"),
         };
+        let Some((session, generation)) = self.sessions.member(&envelope, &self.generation) else {
+            panic!("{} belongs to no session", envelope.message_id());
+        };
         let arrival = Arrival {
-            refused: self.generation.screen.check(&envelope),
+            refused: generation.screen.check(&envelope),
             envelope,
             receipt: self.settled.receipt(tag),
             permit,
         };
-        self.sessions
-            .admit(session, arrival, &self.generation, &config);
+        self.sessions.admit(session, arrival, &generation);
         // Lets the session's task take it.
         tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+
+    /// Switches to `settings`, as a reload does.
+    fn reload(&mut self, settings: Settings) {
+        let generation =
+            Generation::scripted(settings, self.script.clone(), self.telemetry.clone());
+        self.generation = Arc::new(generation);
+    }
+
+    /// Whether a message with `header: id` would belong to a session now.
+    fn is_member(&self, header: &str, id: &str) -> bool {
+        let envelope = envelope("probe", &[(header, AmqpValue::LongString(id.into()))]);
+        self.sessions.member(&envelope, &self.generation).is_some()
     }
 
     fn dead_lettered(&self, reason: &str) -> f64 {
@@ -258,5 +271,67 @@ async fn an_exhausted_session_records_the_failed_branch_on_every_message() {
             ("s-2".to_owned(), failed, logging)
         ],
         "the set must reach the service branch whole; logging holds it"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn sessions_turned_off_mid_session_finish_as_sessions() {
+    let mut bench = Bench::new(on(""), Script::acking());
+    bench.admit(1, "s", false).await;
+    bench.admit(2, "s", false).await;
+    bench.reload(settings(&["a", "b"], "service", ""));
+    assert!(!bench.is_member("session-id", "t"), "no new session opens");
+    bench.admit(3, "s", true).await;
+    assert_eq!(bench.settled.drain(), acks(&[1, 2, 3]), "acked as one set");
+    assert_eq!(bench.script.calls(), ["a:s-1", "a:s-2", "a:s-3"]);
+    assert!(
+        !bench.is_member("session-id", "s"),
+        "closed, and sessions are off"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_renamed_id_header_keeps_open_sessions_and_names_new_ones() {
+    let mut bench = Bench::new(on(""), Script::acking());
+    bench.admit(1, "s", false).await;
+    let renamed = format!("{SESSIONS}id_header = \"sid\"\n");
+    bench.reload(settings(&["a", "b"], "service", &renamed));
+    assert!(
+        bench.is_member("session-id", "s"),
+        "the open session keeps its header"
+    );
+    assert!(
+        !bench.is_member("session-id", "t"),
+        "the old header opens nothing new"
+    );
+    bench.admit_by(2, "sid", "t", false).await;
+    bench.admit(3, "s", true).await;
+    assert_eq!(bench.settled.drain(), acks(&[1, 3]));
+    bench.admit_by(4, "sid", "t", true).await;
+    assert_eq!(bench.settled.drain(), acks(&[2, 4]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn changed_limits_apply_to_sessions_opened_after_the_reload() {
+    let mut bench = Bench::new(on(""), Script::acking());
+    bench.admit(1, "s", false).await;
+    let small = SESSIONS.replace("max_messages = 10", "max_messages = 2");
+    bench.reload(settings(&["a", "b"], "service", &small));
+    for tag in 2..=3 {
+        bench.admit(tag, "s", false).await;
+    }
+    bench.admit(4, "s", true).await;
+    assert_eq!(
+        bench.settled.drain(),
+        acks(&[1, 2, 3, 4]),
+        "the old limit of 10"
+    );
+    for tag in 5..=7 {
+        bench.admit(tag, "u", false).await;
+    }
+    assert_eq!(
+        bench.settled.drain(),
+        dead_letters(&[5, 6, 7]),
+        "the new limit of 2"
     );
 }
