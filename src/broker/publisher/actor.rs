@@ -1,0 +1,319 @@
+//! The task behind one endpoint's publisher: its confirm channel (and a
+//! second one for suspects, published alone), its publishes in flight,
+//! their deadlines, and the endpoint's health. Returns are attributed in
+//! `attribution`, down endpoints probed in `probing`.
+
+use super::confirms::{Confirm, Confirmed, InFlight, SharedChannel};
+use super::deadlines::Deadlines;
+use super::request::{Command, Mode, PublishFailure, Refusal, Request};
+use crate::amqp::{AmqpValue, FieldTable, ShortString};
+use crate::broker::closing::close_channel;
+use crate::broker::connector::{ConnectError, Connector};
+use crate::broker::frame_size::content_header_frame;
+use crate::broker::health::{Down, EndpointHealth};
+use crate::destination::Endpoint;
+use crate::telemetry::Telemetry;
+use crate::wire::{self, OWN_PREFIX};
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use lapin::BasicProperties;
+use lapin::options::BasicPublishOptions;
+use rustc_hash::FxHashMap as HashMap;
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::task::Poll;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub(super) struct Waiter {
+    pub(super) reply: oneshot::Sender<Result<(), PublishFailure>>,
+    /// The main channel's generation it went out on; 0 when alone.
+    pub(super) generation: u64,
+    pub(super) mode: Mode,
+    /// When it was put on the wire, for the confirm latency.
+    pub(super) sent_at: Instant,
+}
+
+pub(super) struct Actor {
+    pub(super) deadlines: Deadlines,
+    pub(super) endpoint: Arc<Endpoint>,
+    pub(super) exchange: ShortString,
+    pub(super) routing_key: ShortString,
+    pub(super) connector: Arc<Connector>,
+    pub(super) health: Arc<EndpointHealth>,
+    pub(super) channel: Option<SharedChannel>,
+    /// Bumped each time a new main channel is opened.
+    pub(super) generation: u64,
+    /// Where suspects are published, one at a time.
+    pub(super) alone_channel: Option<SharedChannel>,
+    pub(super) alone_queue: VecDeque<Request>,
+    /// The publish id of the suspect in flight.
+    pub(super) alone_busy: Option<u64>,
+    /// Publishes awaiting their outcome, by publish id.
+    pub(super) waiting: HashMap<u64, Waiter>,
+    /// Returns seen for publishes whose own confirm is not in yet.
+    pub(super) returned: HashMap<u64, PublishFailure>,
+    /// Scratch buffers of [`Actor::harvest`].
+    pub(super) batch: Vec<Confirmed>,
+    pub(super) late: Vec<Confirmed>,
+    pub(super) rx: mpsc::UnboundedReceiver<Command>,
+    /// For probe results; weak, so the task still ends with its last handle.
+    pub(super) commands: mpsc::WeakUnboundedSender<Command>,
+    /// When to probe next; `None` while up or while a probe runs.
+    pub(super) next_probe: Option<Instant>,
+    pub(super) probe_running: bool,
+    pub(super) stop: CancellationToken,
+    /// Where its probes and channel closes run.
+    pub(super) background: TaskTracker,
+    pub(super) telemetry: Telemetry,
+}
+
+impl Actor {
+    pub(super) async fn run(mut self) {
+        let mut in_flight: FuturesUnordered<InFlight> = FuturesUnordered::new();
+        let mut open = true;
+        while open || !in_flight.is_empty() || !self.alone_queue.is_empty() {
+            let probe_at = self.next_probe;
+            tokio::select! {
+                biased;
+                () = self.stop.cancelled() => break,
+                Some(first) = in_flight.next(), if !in_flight.is_empty() => {
+                    self.harvest(first, &mut in_flight);
+                }
+                // Before new publishes: up to `prefetch` of them may be queued.
+                () = &mut self.deadlines.timer, if self.deadlines.armed => self.expire_due(),
+                command = self.rx.recv(), if open => match command {
+                    Some(Command::Publish(request)) => match request.mode {
+                        Mode::Normal => self.start(request, &mut in_flight).await,
+                        Mode::Alone => self.alone_queue.push_back(request),
+                    },
+                    Some(Command::Probed(result)) => self.probed(result),
+                    None => open = false,
+                },
+                () = sleep_until_some(probe_at), if probe_at.is_some() => self.probe(),
+            }
+            self.next_alone(&mut in_flight).await;
+            if self.next_probe.is_none() && !self.probe_running && !self.health.is_up() {
+                self.next_probe = Some(Instant::now() + self.endpoint.probe_interval);
+            }
+        }
+        for channel in [self.channel.take(), self.alone_channel.take()]
+            .into_iter()
+            .flatten()
+        {
+            close_channel(&channel, "switchyard: shutdown").await;
+        }
+    }
+
+    async fn start(&mut self, request: Request, in_flight: &mut FuturesUnordered<InFlight>) {
+        let channel = match self.live_channel().await {
+            Ok(channel) => channel,
+            Err(why) => {
+                self.unreachable(&why);
+                let _ = request.reply.send(Err(why.into()));
+                return;
+            }
+        };
+        self.send(channel, self.generation, request, in_flight);
+    }
+
+    /// Publishes the next suspect if none is in flight.
+    async fn next_alone(&mut self, in_flight: &mut FuturesUnordered<InFlight>) {
+        while self.alone_busy.is_none() {
+            let Some(request) = self.alone_queue.pop_front() else {
+                return;
+            };
+            let channel = match self.alone_channel.as_ref() {
+                Some(c) if c.status().connected() => c.clone(),
+                _ => match self
+                    .connector
+                    .channel(true, self.endpoint.confirm_timeout)
+                    .await
+                {
+                    Ok(c) => {
+                        let c = Arc::new(c);
+                        self.alone_channel = Some(c.clone());
+                        c
+                    }
+                    Err(why) => {
+                        self.unreachable(&why);
+                        let _ = request.reply.send(Err(why.into()));
+                        continue;
+                    }
+                },
+            };
+            self.alone_busy = Some(request.id);
+            self.send(channel, 0, request, in_flight);
+        }
+    }
+
+    /// Puts one publish on the wire (or refuses it) and tracks its confirm.
+    fn send(
+        &mut self,
+        channel: SharedChannel,
+        generation: u64,
+        request: Request,
+        in_flight: &mut FuturesUnordered<InFlight>,
+    ) {
+        let id = request.id;
+        let properties = self.properties(&request);
+        let frame_max = self.connector.frame_max() as usize;
+        let header = content_header_frame(&properties);
+        if frame_max > 0 && header > frame_max {
+            if request.mode == Mode::Alone {
+                self.alone_busy = None;
+            }
+            let refusal = Refusal::FrameTooLarge { header, frame_max };
+            let _ = request.reply.send(Err(PublishFailure::Rejected(refusal)));
+            return;
+        }
+        let deadline = match request.mode {
+            Mode::Normal => request.called_at,
+            Mode::Alone => Instant::now(),
+        } + self.endpoint.confirm_timeout;
+        self.deadlines.push(request.mode, deadline, id);
+        let (exchange, routing_key) = (self.exchange.clone(), self.routing_key.clone());
+        let envelope = request.envelope;
+        let mut publish: InFlight = Box::pin(async move {
+            let options = BasicPublishOptions {
+                mandatory: true,
+                immediate: false,
+            };
+            let result = match channel
+                .basic_publish(exchange, routing_key, options, &envelope.body, properties)
+                .await
+            {
+                Ok(confirm) => confirm.await,
+                Err(e) => Err(e),
+            };
+            (id, channel, Confirm::from(result))
+        });
+        self.waiting.insert(
+            id,
+            Waiter {
+                reply: request.reply,
+                generation,
+                mode: request.mode,
+                sent_at: Instant::now(),
+            },
+        );
+        // The first poll assigns the delivery tag and queues the frames, so
+        // publishes leave in call order without awaiting each one.
+        let waker = futures_util::task::noop_waker();
+        let mut cx = std::task::Context::from_waker(&waker);
+        match publish.as_mut().poll(&mut cx) {
+            Poll::Ready(done) => self.harvest(done, in_flight),
+            Poll::Pending => in_flight.push(publish),
+        }
+    }
+
+    async fn live_channel(&mut self) -> Result<SharedChannel, ConnectError> {
+        if let Some(channel) = &self.channel {
+            if channel.status().connected() {
+                return Ok(channel.clone());
+            }
+            self.channel = None;
+        }
+        let channel = Arc::new(
+            self.connector
+                .channel(true, self.endpoint.confirm_timeout)
+                .await?,
+        );
+        self.generation += 1;
+        self.channel = Some(channel.clone());
+        Ok(channel)
+    }
+
+    /// The copy's properties: the message's own, without any `x-switchyard-*`
+    /// header a producer sent in, plus the endpoint's headers, the caller's
+    /// extra headers, the hop count and the publish id.
+    fn properties(&self, request: &Request) -> BasicProperties {
+        let mut headers = FieldTable::default();
+        if let Some(incoming) = request.envelope.headers() {
+            for (name, value) in incoming.inner() {
+                if !name.as_str().starts_with(OWN_PREFIX) {
+                    headers.insert(name.clone(), value.clone());
+                }
+            }
+        }
+        for (name, value) in &self.endpoint.headers {
+            headers.insert(
+                name.as_str().into(),
+                AmqpValue::LongString(value.as_str().into()),
+            );
+        }
+        headers.insert(
+            wire::HOPS.into(),
+            AmqpValue::LongLongInt(i64::from(request.envelope.hops()) + 1),
+        );
+        for (name, value) in &request.extra_headers {
+            headers.insert(name.clone(), value.clone());
+        }
+        headers.insert(
+            wire::PUBLISH_ID.into(),
+            AmqpValue::LongLongInt(request.id as i64),
+        );
+        request.envelope.properties.clone().with_headers(headers)
+    }
+
+    fn unreachable(&self, why: &ConnectError) {
+        let down = match why {
+            ConnectError::Channel(_) | ConnectError::ChannelTimeout(_) => Down::Channel,
+            _ => Down::Connection,
+        };
+        self.health.mark_down(down, why);
+    }
+
+    /// Fails every publish whose confirm is overdue, then sets the next
+    /// alarm.
+    fn expire_due(&mut self) {
+        while let Some(id) = self.deadlines.pop_due(|id| self.waiting.contains_key(&id)) {
+            self.timed_out(id);
+        }
+        self.deadlines.rearm(|id| self.waiting.contains_key(&id));
+    }
+
+    /// A publish timed out: its caller is told so and, if it went out on
+    /// the current channel, that channel is suspect (a stalled connection
+    /// never answers), so the next publish opens a fresh one.
+    fn timed_out(&mut self, id: u64) {
+        let Some(waiter) = self.waiting.remove(&id) else {
+            return;
+        };
+        let limit = self.endpoint.confirm_timeout.as_millis();
+        if waiter.mode == Mode::Alone {
+            self.alone_busy = None;
+        }
+        // Nobody waits for it any more (its transaction was abandoned): no
+        // verdict on the channel from it.
+        if waiter
+            .reply
+            .send(Err(PublishFailure::Timeout(limit)))
+            .is_err()
+        {
+            return;
+        }
+        let stale = match waiter.mode {
+            Mode::Alone => self.alone_channel.take(),
+            Mode::Normal if waiter.generation == self.generation => self.channel.take(),
+            Mode::Normal => None,
+        };
+        if let Some(channel) = stale {
+            self.health
+                .mark_down(Down::Channel, &format_args!("no confirm within {limit} ms"));
+            self.telemetry
+                .channel_reset(&self.endpoint.name, "confirm timeout");
+            self.background.spawn(async move {
+                close_channel(&channel, "switchyard: confirm timeout").await;
+            });
+        }
+    }
+}
+
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
