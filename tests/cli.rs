@@ -476,3 +476,25 @@ fn check_shows_the_sessions_settings_and_their_overrides() {
                     closed_ttl_ms 60000)\n";
     assert!(stdout(&out).contains(expected), "{}", stdout(&out));
 }
+
+/// A filter's keys can come from the environment like any other, text
+/// turned into the boolean or number the filter's kind takes.
+#[test]
+fn a_filter_can_be_overridden_from_the_environment() {
+    let out = run(switchyard()
+        .args(["check", "--config", REPO_CONFIG])
+        .env("SWITCHYARD__FILTERS__ALL__TYPE", "header")
+        .env("SWITCHYARD__FILTERS__ALL__HEADER", "tenant")
+        .env("SWITCHYARD__FILTERS__ALL__EXISTS", "true"));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = run(switchyard()
+        .args(["check", "--config", REPO_CONFIG])
+        .env("SWITCHYARD__FILTERS__ALL__TYPE", "header")
+        .env("SWITCHYARD__FILTERS__ALL__EXISTS", "true"));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("filters.all.header: is required"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -1,7 +1,10 @@
 //! [`compile`]: raw configuration → [`Settings`], or the first invalid key.
 
 use super::error::InvalidKey;
-use super::raw::{RawBroker, RawConfig, RawEndpoint, RawFilter, RawFilterEntry, RawSessions};
+use super::raw::{
+    RawBroker, RawConfig, RawEndpoint, RawFilter, RawFilterEntry, RawSessions, RawXPathFilter,
+    ScalarValue,
+};
 use super::{BrokerSpec, Inbound, Sessions, Settings, Tls};
 use crate::config::{IdentityError, read_ca_file, read_client_identity};
 use crate::destination::{DeadLetter, DeadLetterMode, Endpoint, QueueType};
@@ -597,82 +600,79 @@ impl<'a> FilterCompiler<'a> {
 
     fn compile_one(&mut self, name: &str, f: &RawFilter) -> Result<Filter> {
         let key = |k: &str| format!("filters.{name}.{k}");
-        let allowed: &[&str] = match f.kind.as_str() {
-            "match_all" => &[],
-            "header" => &["header", "equals", "exists", "regex", "in"],
-            "property" => &["property", "equals", "regex", "in"],
-            "routing_key" => &["pattern"],
-            "json" => &["pointer", "equals", "exists", "regex", "in"],
-            "xpath" => &["expression", "namespaces"],
-            "and" | "or" => &["filters"],
-            "not" => &["filter"],
-            other => {
-                return Err(InvalidKey::new(
-                    key("type"),
-                    format!(
-                        "unknown filter type \"{other}\" (expected match_all, header, property, routing_key, json, xpath, and, or, not)"
-                    ),
-                ));
+        Ok(match f {
+            RawFilter::Invalid { key: at, message } if at.is_empty() => {
+                return Err(InvalidKey::new(format!("filters.{name}"), message.clone()));
             }
-        };
-        if let Some(extra) = present_keys(f).into_iter().find(|k| !allowed.contains(k)) {
-            return Err(InvalidKey::new(
-                key(extra),
-                format!("does not apply to a \"{}\" filter", f.kind),
-            ));
-        }
-        Ok(match f.kind.as_str() {
-            "match_all" => Filter::MatchAll,
-            "header" => Filter::Header {
-                name: required(&f.header, &key("header"))?.clone(),
-                test: value_test(f, name, true)?,
+            RawFilter::Invalid { key: at, message } => {
+                return Err(InvalidKey::new(key(at), message.clone()));
+            }
+            RawFilter::MatchAll => Filter::MatchAll,
+            RawFilter::Header(h) => Filter::Header {
+                name: h.header.clone(),
+                test: value_test(
+                    ValueKeys {
+                        equals: h.equals.as_ref(),
+                        exists: h.exists,
+                        regex: h.regex.as_ref(),
+                        one_of: h.one_of.as_ref(),
+                    },
+                    name,
+                    true,
+                )?,
             },
-            "property" => {
-                let prop = required(&f.property, &key("property"))?;
-                let property = Property::from_name(prop).ok_or_else(|| {
+            RawFilter::Property(p) => {
+                let property = Property::from_name(&p.property).ok_or_else(|| {
                     InvalidKey::new(
                         key("property"),
                         format!(
-                            "unknown property \"{prop}\" (expected one of {})",
+                            "unknown property \"{}\" (expected one of {})",
+                            p.property,
                             Property::NAMES.join(", ")
                         ),
                     )
                 })?;
+                let keys = ValueKeys {
+                    equals: p.equals.as_ref(),
+                    exists: None,
+                    regex: p.regex.as_ref(),
+                    one_of: p.one_of.as_ref(),
+                };
                 Filter::Property {
                     property,
-                    test: value_test(f, name, false)?,
+                    test: value_test(keys, name, false)?,
                 }
             }
-            "routing_key" => {
-                Filter::RoutingKey(TopicPattern::parse(required(&f.pattern, &key("pattern"))?))
-            }
-            "json" => {
-                let pointer = required(&f.pointer, &key("pointer"))?;
-                Filter::Json {
-                    pointer: JsonPointer::parse(pointer)
-                        .map_err(|e| InvalidKey::new(key("pointer"), e.to_string()))?,
-                    test: value_test(f, name, true)?,
-                }
-            }
-            "xpath" => Filter::XPath(xpath_test(f, name)?),
-            "not" => Filter::Not(self.compile_ref(
-                name,
-                "filter",
-                required(&f.filter, &key("filter"))?,
-            )?),
-            kind => {
-                let members = required(&f.filters, &key("filters"))?;
-                if members.is_empty() {
+            RawFilter::RoutingKey(r) => Filter::RoutingKey(TopicPattern::parse(&r.pattern)),
+            RawFilter::Json(j) => Filter::Json {
+                pointer: JsonPointer::parse(&j.pointer)
+                    .map_err(|e| InvalidKey::new(key("pointer"), e.to_string()))?,
+                test: value_test(
+                    ValueKeys {
+                        equals: j.equals.as_ref(),
+                        exists: j.exists,
+                        regex: j.regex.as_ref(),
+                        one_of: j.one_of.as_ref(),
+                    },
+                    name,
+                    true,
+                )?,
+            },
+            RawFilter::XPath(x) => Filter::XPath(xpath_test(x, name)?),
+            RawFilter::Not(n) => Filter::Not(self.compile_ref(name, "filter", &n.filter)?),
+            RawFilter::And(list) | RawFilter::Or(list) => {
+                if list.filters.is_empty() {
                     return Err(InvalidKey::new(
                         key("filters"),
                         "must name at least one filter",
                     ));
                 }
-                let compiled = members
+                let compiled = list
+                    .filters
                     .iter()
                     .map(|m| self.compile_ref(name, "filters", m))
                     .collect::<Result<Vec<_>>>()?;
-                if kind == "and" {
+                if matches!(f, RawFilter::And(_)) {
                     Filter::And(compiled)
                 } else {
                     Filter::Or(compiled)
@@ -692,32 +692,18 @@ impl<'a> FilterCompiler<'a> {
     }
 }
 
-fn present_keys(f: &RawFilter) -> Vec<&'static str> {
-    let checks = [
-        ("header", f.header.is_some()),
-        ("property", f.property.is_some()),
-        ("pattern", f.pattern.is_some()),
-        ("pointer", f.pointer.is_some()),
-        ("expression", f.expression.is_some()),
-        ("namespaces", f.namespaces.is_some()),
-        ("equals", f.equals.is_some()),
-        ("exists", f.exists.is_some()),
-        ("regex", f.regex.is_some()),
-        ("in", f.one_of.is_some()),
-        ("filters", f.filters.is_some()),
-        ("filter", f.filter.is_some()),
-    ];
-    checks
-        .iter()
-        .filter(|(_, present)| *present)
-        .map(|(k, _)| *k)
-        .collect()
+/// The keys that test a header, property or JSON value: exactly one is set.
+struct ValueKeys<'a> {
+    equals: Option<&'a ScalarValue>,
+    exists: Option<bool>,
+    regex: Option<&'a String>,
+    one_of: Option<&'a Vec<ScalarValue>>,
 }
 
-fn value_test(f: &RawFilter, name: &str, exists_allowed: bool) -> Result<ValueTest> {
+fn value_test(f: ValueKeys<'_>, name: &str, exists_allowed: bool) -> Result<ValueTest> {
     let key = |k: &str| format!("filters.{name}.{k}");
     let mut tests = Vec::new();
-    if let Some(v) = &f.equals {
+    if let Some(v) = f.equals {
         tests.push(ValueTest::Equals(v.as_text()));
     }
     if let Some(exists) = f.exists {
@@ -731,7 +717,7 @@ fn value_test(f: &RawFilter, name: &str, exists_allowed: bool) -> Result<ValueTe
             tests.push(ValueTest::Exists);
         }
     }
-    if let Some(pattern) = &f.regex {
+    if let Some(pattern) = f.regex {
         let re = regex::Regex::new(pattern).map_err(|e| {
             InvalidKey::new(
                 key("regex"),
@@ -740,7 +726,7 @@ fn value_test(f: &RawFilter, name: &str, exists_allowed: bool) -> Result<ValueTe
         })?;
         tests.push(ValueTest::Regex(re));
     }
-    if let Some(options) = &f.one_of {
+    if let Some(options) = f.one_of {
         if options.is_empty() {
             return Err(InvalidKey::new(key("in"), "must list at least one value"));
         }
@@ -764,9 +750,9 @@ fn value_test(f: &RawFilter, name: &str, exists_allowed: bool) -> Result<ValueTe
     }
 }
 
-fn xpath_test(f: &RawFilter, name: &str) -> Result<XPathTest> {
+fn xpath_test(f: &RawXPathFilter, name: &str) -> Result<XPathTest> {
     let key = |k: &str| format!("filters.{name}.{k}");
-    let expression = required(&f.expression, &key("expression"))?;
+    let expression = &f.expression;
     let namespaces = f.namespaces.clone().unwrap_or_default();
     for (prefix, uri) in &namespaces {
         if !is_ncname(prefix) {
@@ -799,12 +785,6 @@ fn is_ncname(name: &str) -> bool {
     let mut chars = name.chars();
     chars.next().is_some_and(|c| c == '_' || c.is_alphabetic())
         && chars.all(|c| c.is_alphanumeric() || matches!(c, '_' | '-' | '.'))
-}
-
-fn required<'v, T>(value: &'v Option<T>, key: &str) -> Result<&'v T> {
-    value
-        .as_ref()
-        .ok_or_else(|| InvalidKey::new(key, "is required"))
 }
 
 fn names<V>(map: &BTreeMap<String, V>) -> String {

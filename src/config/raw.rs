@@ -225,28 +225,155 @@ fn default_probe_interval_ms() -> u64 {
     1000
 }
 
-/// `[filters.NAME]`: the keys of every filter kind; `type` says which apply.
+/// `[filters.NAME]`: one filter, of the kind its `type` names, with that
+/// kind's keys and no other. A key another kind takes, a missing key or an
+/// unknown kind is kept as [`RawFilter::Invalid`], which `compile`
+/// reports with the filter's name.
+#[derive(Debug, Clone)]
+pub enum RawFilter {
+    /// `match_all`: always matches; takes no key.
+    MatchAll,
+    /// `header`.
+    Header(RawHeaderFilter),
+    /// `property`.
+    Property(RawPropertyFilter),
+    /// `routing_key`.
+    RoutingKey(RawRoutingKeyFilter),
+    /// `json`.
+    Json(RawJsonFilter),
+    /// `xpath`.
+    XPath(RawXPathFilter),
+    /// `and`: every named filter matches.
+    And(RawListFilter),
+    /// `or`: some named filter matches.
+    Or(RawListFilter),
+    /// `not`: the named filter does not match.
+    Not(RawNotFilter),
+    /// Keys that do not fit: the key at fault (`""`: the filter as a
+    /// whole) and what is wrong.
+    Invalid {
+        /// The key.
+        key: String,
+        /// What is wrong with it.
+        message: String,
+    },
+}
+
+/// The kinds, as `type` spells them.
+const FILTER_KINDS: &str = "match_all, header, property, routing_key, json, xpath, and, or, not";
+
+impl<'de> Deserialize<'de> for RawFilter {
+    /// Reads `type`, then the other keys as that kind's struct, through
+    /// the configuration's own values so that environment overrides (text)
+    /// convert to booleans and numbers as anywhere else.
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = config::Value::deserialize(deserializer)?;
+        let mut table = value.into_table().map_err(serde::de::Error::custom)?;
+        let Some(kind) = table.remove("type") else {
+            return Ok(Self::invalid("type", "is required"));
+        };
+        let kind = kind.into_string().map_err(serde::de::Error::custom)?;
+        let keys = config::Value::from(table);
+        let parsed = match kind.as_str() {
+            "match_all" => keys.try_deserialize::<RawNoKeys>().map(|_| Self::MatchAll),
+            "header" => keys.try_deserialize().map(Self::Header),
+            "property" => keys.try_deserialize().map(Self::Property),
+            "routing_key" => keys.try_deserialize().map(Self::RoutingKey),
+            "json" => keys.try_deserialize().map(Self::Json),
+            "xpath" => keys.try_deserialize().map(Self::XPath),
+            "and" => keys.try_deserialize().map(Self::And),
+            "or" => keys.try_deserialize().map(Self::Or),
+            "not" => keys.try_deserialize().map(Self::Not),
+            other => {
+                return Ok(Self::invalid(
+                    "type",
+                    &format!("unknown filter type \"{other}\" (expected {FILTER_KINDS})"),
+                ));
+            }
+        };
+        Ok(parsed.unwrap_or_else(|e| Self::misfit(&kind, &e.to_string())))
+    }
+}
+
+impl RawFilter {
+    fn invalid(key: &str, message: &str) -> Self {
+        Self::Invalid {
+            key: key.to_owned(),
+            message: message.to_owned(),
+        }
+    }
+
+    /// What serde found wrong with a `kind` filter's keys, said as the rest
+    /// of the configuration says it.
+    fn misfit(kind: &str, error: &str) -> Self {
+        let quoted = |prefix: &str, close: char| {
+            let rest = error.split_once(prefix)?.1;
+            rest.split_once(close).map(|(key, _)| key.to_owned())
+        };
+        if let Some(key) = quoted("unknown field `", '`') {
+            return Self::invalid(&key, &format!("does not apply to a \"{kind}\" filter"));
+        }
+        if let Some(key) =
+            quoted("missing field `", '`').or_else(|| quoted("missing configuration field \"", '"'))
+        {
+            return Self::invalid(&key, "is required");
+        }
+        Self::invalid("", error)
+    }
+}
+
+/// `match_all` takes no key.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawFilter {
-    /// The filter kind.
-    #[serde(rename = "type")]
-    pub kind: String,
-    /// `header`: the header name.
-    pub header: Option<String>,
-    /// `property`: the property name.
-    pub property: Option<String>,
-    /// `routing_key`: the topic pattern.
-    pub pattern: Option<String>,
-    /// `json`: an RFC 6901 pointer to the value tested in the body (`""`
-    /// is the whole document).
-    pub pointer: Option<String>,
-    /// `xpath`: an XPath 1.0 expression over the body; matches when it is
-    /// true, selects a node, or is a non-zero number or non-empty string.
-    pub expression: Option<String>,
-    /// `xpath`: the namespace prefixes the expression uses, as
-    /// `{ prefix = "uri" }`.
-    pub namespaces: Option<BTreeMap<String, String>>,
+struct RawNoKeys {}
+
+/// `[filters.NAME]` with `type = "header"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHeaderFilter {
+    /// The header name.
+    pub header: String,
+    /// Matches when the value's text form equals this.
+    pub equals: Option<ScalarValue>,
+    /// Matches when the header is present.
+    pub exists: Option<bool>,
+    /// Matches when the value's text form matches this regular expression.
+    pub regex: Option<String>,
+    /// Matches when the value's text form is one of these.
+    #[serde(rename = "in")]
+    pub one_of: Option<Vec<ScalarValue>>,
+}
+
+/// `[filters.NAME]` with `type = "property"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPropertyFilter {
+    /// The property name.
+    pub property: String,
+    /// Matches when the value's text form equals this.
+    pub equals: Option<ScalarValue>,
+    /// Matches when the value's text form matches this regular expression.
+    pub regex: Option<String>,
+    /// Matches when the value's text form is one of these.
+    #[serde(rename = "in")]
+    pub one_of: Option<Vec<ScalarValue>>,
+}
+
+/// `[filters.NAME]` with `type = "routing_key"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRoutingKeyFilter {
+    /// The topic pattern.
+    pub pattern: String,
+}
+
+/// `[filters.NAME]` with `type = "json"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawJsonFilter {
+    /// An RFC 6901 pointer to the value tested in the body (`""` is the
+    /// whole document).
+    pub pointer: String,
     /// Matches when the value's text form equals this.
     pub equals: Option<ScalarValue>,
     /// Matches when the value is present.
@@ -256,10 +383,33 @@ pub struct RawFilter {
     /// Matches when the value's text form is one of these.
     #[serde(rename = "in")]
     pub one_of: Option<Vec<ScalarValue>>,
-    /// `and` / `or`: the named filters.
-    pub filters: Option<Vec<String>>,
-    /// `not`: the named filter.
-    pub filter: Option<String>,
+}
+
+/// `[filters.NAME]` with `type = "xpath"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawXPathFilter {
+    /// An XPath 1.0 expression over the body; matches when it is true,
+    /// selects a node, or is a non-zero number or non-empty string.
+    pub expression: String,
+    /// The namespace prefixes the expression uses, as `{ prefix = "uri" }`.
+    pub namespaces: Option<BTreeMap<String, String>>,
+}
+
+/// `[filters.NAME]` with `type = "and"` or `"or"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawListFilter {
+    /// The named filters.
+    pub filters: Vec<String>,
+}
+
+/// `[filters.NAME]` with `type = "not"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawNotFilter {
+    /// The named filter.
+    pub filter: String,
 }
 
 /// A TOML scalar compared by its text form (`1`, `true` and `"x"` all work).
