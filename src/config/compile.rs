@@ -1,5 +1,6 @@
 //! [`compile`]: raw configuration → [`Settings`], or the first invalid key.
 
+use super::Compiled;
 use super::error::InvalidKey;
 use super::raw::{
     RawBroker, RawConfig, RawEndpoint, RawFilter, RawFilterEntry, RawSessions, RawXPathFilter,
@@ -193,6 +194,7 @@ pub fn compile(raw: &RawConfig) -> Result<Settings> {
         routing: Arc::new(RoutingTable::new(branches)),
         admin_listen,
         sessions,
+        compiled: Compiled::new(),
     })
 }
 

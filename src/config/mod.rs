@@ -22,7 +22,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A validated configuration.
+/// A validated configuration. Only [`compile`] makes one (its
+/// [`Compiled`] field cannot be made elsewhere), so a `Settings` always
+/// passed every check; its fields are public to be read.
 #[derive(Debug, Clone)]
 pub struct Settings {
     /// Instance name; prefixes AMQP connection names.
@@ -45,6 +47,20 @@ pub struct Settings {
     pub admin_listen: Option<SocketAddr>,
     /// Sessionful message sets; `None` when `sessions.enabled` is off.
     pub sessions: Option<Sessions>,
+    /// Proof that [`compile`] made it.
+    pub compiled: Compiled,
+}
+
+/// The mark of a [`Settings`] that [`compile`] made: it has no public
+/// constructor.
+#[derive(Debug, Clone, Copy)]
+pub struct Compiled(());
+
+impl Compiled {
+    /// Only the compiler of the configuration makes one.
+    pub(in crate::config) fn new() -> Self {
+        Self(())
+    }
 }
 
 /// `[sessions]`, when enabled.
