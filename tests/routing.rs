@@ -11,7 +11,8 @@ mod support;
 use lapin::types::{AMQPValue, FieldArray, FieldTable};
 use lapin::{BasicProperties, ExchangeKind};
 use std::collections::BTreeSet;
-use support::harness::{InProcess, base_toml, endpoint_toml};
+use support::config::{Branch, Endpoint, Filter, Forwarder};
+use support::harness::InProcess;
 use support::{
     BULK_TIMEOUT, DEFAULT_TIMEOUT, Message, TestBroker, delete_all_with_prefix, unique_prefix,
 };
@@ -19,56 +20,39 @@ use switchyard::envelope::Envelope;
 use switchyard::routing::TopicPattern;
 
 fn toml(p: &str) -> String {
-    format!(
-        r#"{base}{express}{service}{logging}{eu}
-[filters.all]
-type = "match_all"
+    let queue = |name: &str| Endpoint::queue(name, &format!("{p}.{name}"));
+    Forwarder::new(p)
+        .endpoint(queue("express"))
+        .endpoint(queue("service"))
+        .endpoint(queue("logging"))
+        .endpoint(queue("eu"))
+        .filter("all", Filter::match_all())
+        .filter("urgent", Filter::header("urgent").set("equals", true))
+        .filter("eu_orders", Filter::routing_key("orders.*.eu"))
+        .filter("eu_not_urgent", Filter::all_of(&["eu_orders", "calm"]))
+        .filter("calm", Filter::not("urgent"))
+        .branch(Branch::new("express", "urgent", "express").set("priority", 10))
+        .branch(Branch::new("eu", "eu_not_urgent", "eu").set("priority", 5))
+        .branch(Branch::new("service", "all", "service"))
+        .branch(Branch::new("logging", "all", "logging"))
+        .toml()
+}
 
-[filters.urgent]
-type = "header"
-header = "urgent"
-equals = true
-
-[filters.eu_orders]
-type = "routing_key"
-pattern = "orders.*.eu"
-
-[filters.eu_not_urgent]
-type = "and"
-filters = ["eu_orders", "calm"]
-
-[filters.calm]
-type = "not"
-filter = "urgent"
-
-[[filter_table]]
-name = "express"
-filter = "urgent"
-endpoint = "express"
-priority = 10
-
-[[filter_table]]
-name = "eu"
-filter = "eu_not_urgent"
-endpoint = "eu"
-priority = 5
-
-[[filter_table]]
-name = "service"
-filter = "all"
-endpoint = "service"
-
-[[filter_table]]
-name = "logging"
-filter = "all"
-endpoint = "logging"
-"#,
-        base = base_toml(p, "nack"),
-        express = endpoint_toml("express", "main", &format!("{p}.express"), true, ""),
-        service = endpoint_toml("service", "main", &format!("{p}.service"), true, ""),
-        logging = endpoint_toml("logging", "main", &format!("{p}.logging"), true, ""),
-        eu = endpoint_toml("eu", "main", &format!("{p}.eu"), true, ""),
-    )
+/// One round-robin branch "spread" over every message, across `endpoints`
+/// (queues `<p>.<name>`).
+fn round_robin(p: &str, endpoints: &[&str]) -> String {
+    let mut config = Forwarder::new(p)
+        .backup_list("others", &endpoints[1..])
+        .filter("all", Filter::match_all())
+        .branch(
+            Branch::new("spread", "all", endpoints[0])
+                .backups("others")
+                .set("strategy", "round_robin"),
+        );
+    for name in endpoints {
+        config = config.endpoint(Endpoint::queue(name, &format!("{p}.{name}")));
+    }
+    config.toml()
 }
 
 fn with_headers(entries: &[(&str, AMQPValue)]) -> BasicProperties {
@@ -228,25 +212,7 @@ async fn only_header_limits_delivery_to_the_named_branches() {
 async fn round_robin_spreads_messages_over_its_endpoints() {
     let p = unique_prefix("rr");
     let broker = TestBroker::connect(&p).await;
-    let toml = format!(
-        r#"{base}{a}{b}
-[backup_lists]
-others = ["b"]
-
-[filters.all]
-type = "match_all"
-
-[[filter_table]]
-name = "spread"
-filter = "all"
-endpoint = "a"
-backup_list = "others"
-strategy = "round_robin"
-"#,
-        base = base_toml(&p, "nack"),
-        a = endpoint_toml("a", "main", &format!("{p}.a"), true, ""),
-        b = endpoint_toml("b", "main", &format!("{p}.b"), true, ""),
-    );
+    let toml = round_robin(&p, &["a", "b"]);
     let forwarder = InProcess::start_consuming(&toml, &broker, &format!("{p}.in")).await;
     let bodies_sent: Vec<String> = (0..100).map(|i| format!("{i}")).collect();
     broker
@@ -328,20 +294,18 @@ async fn keys_in(broker: &TestBroker, queues: &[String]) -> Vec<BTreeSet<usize>>
 async fn routing_key_filters_match_as_a_real_topic_exchange_binds() {
     let p = unique_prefix("topic");
     let broker = TestBroker::connect(&p).await;
-    let mut toml = base_toml(&p, "nack");
+    let mut config = Forwarder::new(&p);
     for (i, pattern) in PATTERNS.iter().enumerate() {
-        toml.push_str(&endpoint_toml(
-            &format!("f{i}"),
-            "main",
-            &format!("{p}.f{i}"),
-            true,
-            "",
-        ));
-        toml.push_str(&format!(
-            "\n[filters.rk{i}]\ntype = \"routing_key\"\npattern = \"{pattern}\"\n\
-             \n[[filter_table]]\nname = \"t{i}\"\nfilter = \"rk{i}\"\nendpoint = \"f{i}\"\n"
-        ));
+        config = config
+            .endpoint(Endpoint::queue(&format!("f{i}"), &format!("{p}.f{i}")))
+            .filter(&format!("rk{i}"), Filter::routing_key(pattern))
+            .branch(Branch::new(
+                &format!("t{i}"),
+                &format!("rk{i}"),
+                &format!("f{i}"),
+            ));
     }
+    let toml = config.toml();
     let forwarder = InProcess::start_consuming(&toml, &broker, &format!("{p}.in")).await;
 
     // The reference: one queue per binding key on a real topic exchange,
@@ -419,26 +383,7 @@ async fn routing_key_filters_match_as_a_real_topic_exchange_binds() {
 async fn round_robin_is_fair_with_many_messages_in_flight() {
     let p = unique_prefix("rrfair");
     let broker = TestBroker::connect(&p).await;
-    let toml = format!(
-        r#"{base}{a}{b}{c}
-[backup_lists]
-others = ["b", "c"]
-
-[filters.all]
-type = "match_all"
-
-[[filter_table]]
-name = "spread"
-filter = "all"
-endpoint = "a"
-backup_list = "others"
-strategy = "round_robin"
-"#,
-        base = base_toml(&p, "nack"),
-        a = endpoint_toml("a", "main", &format!("{p}.a"), true, ""),
-        b = endpoint_toml("b", "main", &format!("{p}.b"), true, ""),
-        c = endpoint_toml("c", "main", &format!("{p}.c"), true, ""),
-    );
+    let toml = round_robin(&p, &["a", "b", "c"]);
     let forwarder = InProcess::start_consuming(&toml, &broker, &format!("{p}.in")).await;
     let queues = [format!("{p}.a"), format!("{p}.b"), format!("{p}.c")];
     // Pipelined: all 9,000 are published before the first confirm is
@@ -488,47 +433,32 @@ strategy = "round_robin"
 /// something the message of [`probe`] does not carry unless `hit` is set:
 /// then entry 91 matches it, and so does entry 99, an `or` including it.
 fn mixed_table(hit: bool) -> switchyard::config::Settings {
-    let mut toml = String::from(
-        r#"
-[inbound]
-broker = "main"
-queue = "work.in"
-
-[dead_letter]
-exchange = "work.dlx"
-routing_key = "work.dlq"
-
-[brokers.main]
-uri = "amqp://guest:guest@127.0.0.1:5672/%2f"
-
-[endpoints.out]
-broker = "main"
-routing_key = "out"
-"#,
-    );
-    for i in 0..100 {
+    let mut config = Forwarder::new("work").endpoint(Endpoint::queue("out", "out").undeclared());
+    for i in 0..100i64 {
         let n = if hit && i == 91 { 42 } else { 1000 + i };
         let filter = match i % 10 {
-            0 => format!("type = \"header\"\nheader = \"tenant\"\nequals = \"acme-{i}\""),
-            1 => format!("type = \"header\"\nheader = \"count\"\nequals = {n}"),
-            2 => format!("type = \"header\"\nheader = \"ratio\"\nin = [{i}.25, {i}.75]"),
-            3 => format!("type = \"header\"\nheader = \"tenant\"\nregex = \"^t{i}-\""),
-            4 => format!("type = \"header\"\nheader = \"absent-{i}\"\nexists = true"),
-            5 => format!("type = \"property\"\nproperty = \"content_type\"\nequals = \"text/{i}\""),
-            6 => format!("type = \"property\"\nproperty = \"priority\"\nin = [{i}, {n}]"),
-            7 => format!("type = \"routing_key\"\npattern = \"orders.#.x{i}\""),
-            8 => format!("type = \"and\"\nfilters = [\"f{}\", \"f{}\"]", i - 1, i - 2),
-            _ => format!(
-                "type = \"or\"\nfilters = [\"f{}\", \"f{}\", \"f{}\"]",
-                i - 8,
-                i - 9,
-                i - 1
-            ),
+            0 => Filter::header("tenant").set("equals", format!("acme-{i}")),
+            1 => Filter::header("count").set("equals", n),
+            2 => Filter::header("ratio").set("in", [i as f64 + 0.25, i as f64 + 0.75]),
+            3 => Filter::header("tenant").set("regex", format!("^t{i}-")),
+            4 => Filter::header(&format!("absent-{i}")).set("exists", true),
+            5 => Filter::property("content_type").set("equals", format!("text/{i}")),
+            6 => Filter::property("priority").set("in", [i, n]),
+            7 => Filter::routing_key(&format!("orders.#.x{i}")),
+            8 => Filter::all_of(&[&format!("f{}", i - 1), &format!("f{}", i - 2)]),
+            _ => Filter::any_of(&[
+                &format!("f{}", i - 8),
+                &format!("f{}", i - 9),
+                &format!("f{}", i - 1),
+            ]),
         };
-        toml.push_str(&format!(
-            "\n[filters.f{i}]\n{filter}\n\n[[filter_table]]\nname = \"b{i}\"\nfilter = \"f{i}\"\nendpoint = \"out\"\n"
+        config = config.filter(&format!("f{i}"), filter).branch(Branch::new(
+            &format!("b{i}"),
+            &format!("f{i}"),
+            "out",
         ));
     }
+    let toml = config.toml();
     switchyard::config::load_str(&toml, "mixed table").unwrap_or_else(|e| panic!("{e}"))
 }
 

@@ -678,3 +678,43 @@ async fn raw_client_publishes_and_drains_poison_intact() {
     broker.cleanup(&[&queue], &[]).await;
     broker.close().await;
 }
+
+/// The configuration builder writes TOML the forwarder loads, and the
+/// seed shape it builds is the one the tests describe.
+#[test]
+fn the_configuration_builder_writes_loadable_toml() {
+    use support::config::{Branch, Endpoint, Filter, Forwarder};
+    let p = "sy-smoke-config";
+    let toml = Forwarder::new(p)
+        .mode("republish")
+        .endpoint(Endpoint::queue("a", &format!("{p}.a")).set("retries", 2))
+        .endpoint(Endpoint::queue("b", &format!("{p}.b")).undeclared())
+        .backup_list("backups", &["b"])
+        .filter(
+            "tenant",
+            Filter::header("tenant").set("in", ["acme", "globex"]),
+        )
+        .filter("urgent", Filter::routing_key("urgent.#"))
+        .filter("both", Filter::all_of(&["tenant", "urgent"]))
+        .branch(
+            Branch::new("service", "both", "a")
+                .backups("backups")
+                .set("priority", 2),
+        )
+        .sessions(&[("max_open", 4.into())])
+        .toml();
+    let settings =
+        switchyard::config::load_str(&toml, "smoke.toml").unwrap_or_else(|e| panic!("{e}\n{toml}"));
+    assert_eq!(settings.endpoints[&"a".to_owned()].retries, 2);
+    assert!(settings.endpoints[&"b".to_owned()].declare_queue.is_none());
+    assert_eq!(settings.sessions.map(|s| s.max_open), Some(4));
+    let summary = settings.routing.summary();
+    assert!(
+        summary.contains("service") && summary.contains("a -> b"),
+        "{summary}"
+    );
+    let seed = Forwarder::new(p).seed(p).toml();
+    let seed = switchyard::config::load_str(&seed, "seed.toml").unwrap_or_else(|e| panic!("{e}"));
+    let branches: Vec<&str> = seed.routing.branch_names().collect();
+    assert_eq!(branches, ["service", "logging"]);
+}

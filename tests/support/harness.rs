@@ -2,6 +2,7 @@
 //! prefix, the forwarder started in-process (or as a real process), and
 //! waiting until it consumes.
 
+use super::config::{Branch, Endpoint, Filter, Forwarder};
 use super::{DEFAULT_TIMEOUT, TestBroker, amqp_str, amqp_url, field_table, procfs, wait_until};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -41,78 +42,30 @@ pub fn top_toml_at(
     shutdown_timeout_ms: u64,
     prefetch: u32,
 ) -> String {
-    format!(
-        r#"
-name = "{prefix}"
-shutdown_timeout_ms = {shutdown_timeout_ms}
-
-[inbound]
-broker = "main"
-queue = "{prefix}.in"
-prefetch = {prefetch}
-
-[dead_letter]
-mode = "{dead_letter_mode}"
-exchange = "{prefix}.dlx"
-routing_key = "{prefix}.dlq"
-queue = "{prefix}.dlq"
-
-[brokers.main]
-uri = "{url}"
-"#
-    )
+    Forwarder::at(url, prefix)
+        .mode(dead_letter_mode)
+        .top("shutdown_timeout_ms", shutdown_timeout_ms)
+        .inbound("prefetch", prefetch)
+        .toml()
 }
 
 /// The seed scenario's shape after `top` (from [`base_toml`] or
 /// [`top_toml`]): branches "service" and "logging" over every message, each
 /// with a one-endpoint backup list; queues `<p>.service`,
-/// `<p>.service.backup`, `<p>.logging`, `<p>.logging.backup`.
+/// `<p>.service.backup`, `<p>.logging`, `<p>.logging.backup`
+/// ([`Forwarder::seed`]).
 pub fn seed_toml(p: &str, top: &str) -> String {
-    let endpoint =
-        |name: &str, queue: &str| endpoint_toml(name, "main", &format!("{p}.{queue}"), true, "");
-    format!(
-        r#"{top}{service}{service_backup}{logging}{logging_backup}
-[backup_lists]
-service_backups = ["service_backup"]
-logging_backups = ["logging_backup"]
-
-[filters.all]
-type = "match_all"
-
-[[filter_table]]
-name = "service"
-filter = "all"
-endpoint = "service"
-backup_list = "service_backups"
-
-[[filter_table]]
-name = "logging"
-filter = "all"
-endpoint = "logging"
-backup_list = "logging_backups"
-"#,
-        service = endpoint("service", "service"),
-        service_backup = endpoint("service_backup", "service.backup"),
-        logging = endpoint("logging", "logging"),
-        logging_backup = endpoint("logging_backup", "logging.backup"),
-    )
+    format!("{top}{}", Forwarder::new(p).seed(p).routing_toml())
 }
 
 /// The smallest forwarding shape after `top`: one branch "service" over
 /// every message to queue `<p>.service`, no backup list.
 pub fn match_all_toml(p: &str, top: &str) -> String {
-    format!(
-        r#"{top}{service}
-[filters.all]
-type = "match_all"
-
-[[filter_table]]
-name = "service"
-filter = "all"
-endpoint = "service"
-"#,
-        service = endpoint_toml("service", "main", &format!("{p}.service"), true, ""),
-    )
+    let routing = Forwarder::new(p)
+        .endpoint(Endpoint::queue("service", &format!("{p}.service")))
+        .filter("all", Filter::match_all())
+        .branch(Branch::new("service", "all", "service"));
+    format!("{top}{}", routing.routing_toml())
 }
 
 /// Declares the inbound queue `<p>.in` exactly as a forwarder on
@@ -131,35 +84,27 @@ pub async fn declare_inbound(broker: &TestBroker, p: &str) {
 /// backup list `["backup"]`; `brokers` adds `[brokers.X]` tables, and
 /// `primary` and `backup` are [`endpoint_toml`]s.
 pub fn one_branch_toml(p: &str, mode: &str, brokers: &str, primary: &str, backup: &str) -> String {
+    let routing = Forwarder::new(p)
+        .backup_list("backups", &["backup"])
+        .filter("all", Filter::match_all())
+        .branch(Branch::new("service", "all", "primary").backups("backups"));
     format!(
-        r#"{base}{brokers}{primary}{backup}
-[backup_lists]
-backups = ["backup"]
-
-[filters.all]
-type = "match_all"
-
-[[filter_table]]
-name = "service"
-filter = "all"
-endpoint = "primary"
-backup_list = "backups"
-"#,
+        "{base}{brokers}{primary}{backup}{}",
+        routing.routing_toml(),
         base = base_toml(p, mode),
     )
 }
 
 /// An endpoint on broker `broker` publishing to queue `queue` through the
-/// default exchange, declaring it unless `declare` is false.
+/// default exchange, declaring it unless `declare` is false; `extra` is
+/// more of its keys, as TOML lines.
 pub fn endpoint_toml(name: &str, broker: &str, queue: &str, declare: bool, extra: &str) -> String {
-    let declare = if declare {
-        format!("declare_queue = \"{queue}\"\n")
-    } else {
-        String::new()
-    };
-    format!(
-        "\n[endpoints.{name}]\nbroker = \"{broker}\"\nrouting_key = \"{queue}\"\n{declare}{extra}\n"
-    )
+    let mut endpoint = Endpoint::queue(name, queue).on(broker);
+    if !declare {
+        endpoint = endpoint.undeclared();
+    }
+    let table = Forwarder::new("-").endpoint(endpoint).routing_toml();
+    format!("{}{extra}\n", table.trim_end_matches('\n'))
 }
 
 /// A forwarder running in this process.

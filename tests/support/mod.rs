@@ -1,5 +1,6 @@
-//! Shared support for switchyard's integration tests: a real-broker test
-//! client (`TestBroker`), polling helpers, `rabbitmqctl` wrappers, an
+//! Shared support for switchyard's integration tests: configurations as
+//! typed values (`config::Forwarder`), a real-broker test client
+//! (`TestBroker`), polling helpers, `rabbitmqctl` wrappers, an
 //! in-process TCP fault-injection proxy (`FaultProxy`), a listener that
 //! never answers (`BlackHole`), an HTTP client and metrics reader for the
 //! admin endpoint (`http_get`, `Metrics`), a private RabbitMQ node
@@ -13,6 +14,7 @@
 #![allow(dead_code)]
 
 pub mod broker;
+pub mod config;
 pub mod harness;
 pub mod http;
 pub mod node;
