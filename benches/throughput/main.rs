@@ -12,9 +12,11 @@
 mod support;
 
 mod bare;
+mod callgrind;
 mod instructions;
 mod latency;
 mod modes;
+mod opts;
 mod report;
 mod rows;
 mod target;
@@ -26,92 +28,11 @@ use std::time::Duration;
 
 use clap::Parser;
 
+use opts::Opts;
 use rows::{Ctx, Row};
 use support::harness::Process;
 use support::{NodeSetup, PrivateNode, delete_all_with_prefix, procfs, unique_prefix};
 use target::{SHOVEL_PLUGIN, Target, redact};
-
-#[derive(Parser, Debug, Clone)]
-#[command(
-    name = "throughput",
-    bin_name = "cargo bench --bench throughput --",
-    about = "switchyard vs RabbitMQ Shovel: throughput, CPU per copy, latency, memory"
-)]
-pub struct Opts {
-    /// Messages preloaded into each source queue.
-    #[arg(long, default_value_t = 100_000)]
-    backlog: u64,
-    /// Rounds; each runs every row once, in alternating order.
-    #[arg(long, default_value_t = 3)]
-    rounds: u32,
-    /// The forwarder's inbound.prefetch and the shovels' src-prefetch-count.
-    #[arg(long, default_value_t = 1000)]
-    prefetch: u32,
-    /// The rows of the main table (S, B1, B1H, F1, S2, 2S, F2) [default: all but B1H; S,B1,F1,F2 with --split-cores; S,F2 with --scale].
-    #[arg(long, value_delimiter = ',')]
-    rows: Vec<Row>,
-    /// Body sizes (bytes) for F1 and F2 CPU per copy; 1024 reuses the main table's runs.
-    #[arg(long, value_delimiter = ',', default_value = "1024")]
-    sizes: Vec<usize>,
-    /// Caps backlog × body size (MiB) for large bodies: 256 MiB is 4096 bodies of 64 KiB.
-    #[arg(long, default_value_t = 256)]
-    max_backlog_mib: u64,
-    /// Seconds of each latency run (LS, then L); 0 skips them.
-    #[arg(long, default_value_t = 30.0)]
-    latency_secs: f64,
-    /// Messages per second of the latency run [default: half of F2's msgs/s].
-    #[arg(long)]
-    latency_rate: Option<f64>,
-    /// Skip the forwarder's peak RSS with 64 KiB bodies.
-    #[arg(long)]
-    no_memory: bool,
-    /// The shovels' URI: `direct` (amqp://, Shovel's in-broker connection) or `tcp` (the broker's URL).
-    #[arg(long, default_value = "direct", value_parser = ["direct", "tcp"])]
-    shovel_uri: String,
-    /// Run on a private node pinned to CPU 0, the forwarder pinned to CPU 1.
-    #[arg(long)]
-    split_cores: bool,
-    /// The rows (S and F2 unless --rows) at --backlog and at --scale-backlog instead of the default run.
-    #[arg(long)]
-    scale: bool,
-    /// The larger backlog of --scale.
-    #[arg(long, default_value_t = 1_000_000)]
-    scale_backlog: u64,
-    /// Count instructions per message under valgrind's callgrind (rows B1, F1 and F2 unless --rows) instead of the default run.
-    #[arg(long, conflicts_with_all = ["scale", "split_cores"])]
-    instructions: bool,
-    /// The larger backlog of --instructions; the smaller is a quarter of it.
-    #[arg(long, default_value_t = 4000)]
-    instructions_backlog: u64,
-    /// A run whose counts do not move for this many seconds fails.
-    #[arg(long, default_value_t = 60)]
-    stall_secs: u64,
-    /// Passed by `cargo bench`; without it (`cargo test --benches`) nothing runs.
-    #[arg(long, hide = true)]
-    bench: bool,
-}
-
-impl Opts {
-    fn rows(&self) -> Vec<Row> {
-        if !self.rows.is_empty() {
-            return self.rows.clone();
-        }
-        if self.instructions {
-            return vec![Row::B1, Row::F1, Row::F2];
-        }
-        match (self.scale, self.split_cores) {
-            (true, _) => vec![Row::S, Row::F2],
-            (false, false) => Row::DEFAULT.to_vec(),
-            (false, true) => vec![Row::S, Row::B1, Row::F1, Row::F2],
-        }
-    }
-
-    /// The backlog for bodies of `size`: `--backlog`, capped by `--max-backlog-mib`.
-    fn backlog_for(&self, size: usize) -> u64 {
-        let cap = self.max_backlog_mib * 1024 * 1024 / size.max(1) as u64;
-        self.backlog.min(cap).max(1)
-    }
-}
 
 fn main() -> ExitCode {
     // B1's mover: this binary re-executed as the bare forwarder.
@@ -193,7 +114,7 @@ fn remove_temp_files(run_prefix: &str) {
 async fn bench(opts: Opts, run_prefix: String) -> Result<(), String> {
     let rows = opts.rows();
     if opts.instructions {
-        instructions::check_valgrind()?;
+        callgrind::check_valgrind()?;
     }
     let mut node = None;
     let target = if opts.split_cores {

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::Opts;
 use crate::latency::Carrier;
+use crate::opts::Opts;
 use crate::rows::{self, Ctx, Outcome, Plan, Row};
 use crate::support::procfs;
 use crate::{latency, report};

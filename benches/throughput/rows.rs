@@ -12,7 +12,7 @@ use serde_json::json;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::bare;
-use crate::instructions;
+use crate::callgrind;
 use crate::support::TestBroker;
 use crate::support::harness::{
     Process, Wrap, declare_inbound, match_all_toml, seed_toml, top_toml_at, wait_consumers,
@@ -405,9 +405,9 @@ async fn forwarder(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
     let counts = ctx
         .callgrind
         .as_deref()
-        .map(|dir| instructions::out_file(dir, p));
+        .map(|dir| callgrind::out_file(dir, p));
     let (wrap, env) = match (&counts, ctx.forwarder_cpus.as_deref()) {
-        (Some(out), _) => (Wrap::Callgrind(out), &instructions::FORWARDER_ENV[..]),
+        (Some(out), _) => (Wrap::Callgrind(out), &callgrind::FORWARDER_ENV[..]),
         (None, Some(cpus)) => (Wrap::Pinned(cpus), &[][..]),
         (None, None) => (Wrap::Direct, &[][..]),
     };
@@ -444,9 +444,7 @@ async fn forwarder(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
         ));
     }
     let instructions = match &counts {
-        Some(out) if code == Some(0) => instructions::read_total(out)
-            .map_err(|e| notes.push(e))
-            .ok(),
+        Some(out) if code == Some(0) => callgrind::read_total(out).map_err(|e| notes.push(e)).ok(),
         _ => None,
     };
     let expected: Vec<(String, u64)> = outputs
