@@ -9,14 +9,28 @@
 //!
 //! # Layout
 //!
+//! Modules import one way: the leaves ([`amqp`], [`uri`], [`destination`],
+//! [`wire`], [`backoff`], [`errors`], [`telemetry`]) import no other module
+//! of the crate; then the envelope, the configuration and routing, the
+//! broker, the pipeline, and the commands.
+//!
+//! - [`amqp`]: the AMQP value types messages are made of.
+//! - [`uri`]: broker URIs checked, compared and shown without passwords.
+//! - [`destination`]: endpoints, queue types and dead-letter settings.
+//! - [`wire`]: every `x-switchyard-*` header the forwarder reads or writes.
+//! - [`backoff`] and [`errors`]: the one backoff; an error and its causes
+//!   on one line.
 //! - [`config`]: the TOML file (raw serde types) and its compilation into
-//!   [`config::Settings`], which cannot be invalid.
+//!   [`config::Settings`], which only `compile` makes and so cannot be
+//!   invalid.
 //! - [`routing`]: filters and the compiled filter table. Pure, no I/O.
 //! - [`envelope`]: the inbound message as the pipeline sees it.
 //! - [`pipeline`]: consume → screen → route → deliver → settle, one
-//!   configuration generation per transaction.
-//! - [`broker`]: every lapin type: connections, confirm channels, the
-//!   consumer and its acks, topology.
+//!   configuration generation per transaction; deliver is one engine for
+//!   independent messages and sessions.
+//! - [`broker`]: every lapin connection and channel: connectors, confirm
+//!   channels, the consumer and its acks, topology, and the `Publish` seam
+//!   the engine publishes through.
 //! - [`telemetry`]: log events and metrics, named once, in a handle.
 //! - [`admin`]: the HTTP endpoint: `/healthz`, `/readyz`, `/metrics`.
 //! - [`dlq`]: `dlq inspect` and `dlq redrive`, the dead-letter queue read

@@ -2,7 +2,7 @@
 //! they arrive, forwarded in order and settled as one unit.
 //!
 //! A message whose `sessions.id_header` has a non-empty text value belongs
-//! to that session; [`Sessions::admit`] hands it over:
+//! to that session; `Sessions::admit` hands it over:
 //! - to the session's task when the session is open;
 //! - to a new task when a slot is free (at most `sessions.max_open`);
 //! - otherwise to the waiting line: the session's messages stay unacked and
