@@ -12,7 +12,8 @@ use lapin::BasicProperties;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
-use support::harness::{InProcess, Process, base_toml, endpoint_toml, seed_toml, wait_consumers};
+use support::config::{Branch, Endpoint, Filter, Forwarder};
+use support::harness::{InProcess, Process, wait_consumers};
 use support::{
     BlackHole, DEFAULT_TIMEOUT, FaultProxy, HttpResponse, Message, Metrics, TestBroker, amqp_addr,
     amqp_str, delete_all_with_prefix, field_table, http_get, http_request, unique_prefix, wait_for,
@@ -88,40 +89,22 @@ const UP: &str = "switchyard_endpoint_up";
 /// `backup` (broker "main"); branch "audit": only `audit` on "flaky".
 /// Messages with header kind = stray match nothing.
 fn two_branches(p: &str, flaky_uri: &str) -> String {
-    let probe = "probe_interval_ms = 200";
-    format!(
-        r#"{base}
-[brokers.flaky]
-uri = "{flaky_uri}"
-{primary}{backup}{audit}
-[backup_lists]
-service_backups = ["backup"]
-
-[filters.stray]
-type = "header"
-header = "kind"
-equals = "stray"
-
-[filters.routed]
-type = "not"
-filter = "stray"
-
-[[filter_table]]
-name = "service"
-filter = "routed"
-endpoint = "primary"
-backup_list = "service_backups"
-
-[[filter_table]]
-name = "audit"
-filter = "routed"
-endpoint = "audit"
-"#,
-        base = base_toml(p, "nack"),
-        primary = endpoint_toml("primary", "flaky", &format!("{p}.service"), true, probe),
-        backup = endpoint_toml("backup", "main", &format!("{p}.service.backup"), true, ""),
-        audit = endpoint_toml("audit", "flaky", &format!("{p}.audit"), true, probe),
-    )
+    let probed = |name: &str, queue: &str| {
+        Endpoint::queue(name, &format!("{p}.{queue}"))
+            .on("flaky")
+            .set("probe_interval_ms", 200)
+    };
+    Forwarder::new(p)
+        .broker("flaky", flaky_uri)
+        .endpoint(probed("primary", "service"))
+        .endpoint(Endpoint::queue("backup", &format!("{p}.service.backup")))
+        .endpoint(probed("audit", "audit"))
+        .backup_list("service_backups", &["backup"])
+        .filter("stray", Filter::header("kind").set("equals", "stray"))
+        .filter("routed", Filter::not("stray"))
+        .branch(Branch::new("service", "routed", "primary").backups("service_backups"))
+        .branch(Branch::new("audit", "routed", "audit"))
+        .toml()
 }
 
 #[tokio::test]
@@ -312,11 +295,11 @@ async fn not_ready_until_consuming() {
     let p = unique_prefix("admin-unready");
     let hole = BlackHole::start().await;
     let (listener, addr) = admin_listener();
-    let toml = format!(
-        "{}{}\n[filters.all]\ntype = \"match_all\"\n\n[[filter_table]]\nname = \"out\"\nfilter = \"all\"\nendpoint = \"out\"\n",
-        base_toml(&p, "nack").replace(&support::amqp_url(), &hole.amqp_url()),
-        endpoint_toml("out", "main", &format!("{p}.out"), false, ""),
-    );
+    let toml = Forwarder::at(&hole.amqp_url(), &p)
+        .endpoint(Endpoint::queue("out", &format!("{p}.out")).undeclared())
+        .filter("all", Filter::match_all())
+        .branch(Branch::new("out", "all", "out"))
+        .toml();
     let options = Options {
         admin: Some(listener),
         ..Default::default()
@@ -360,10 +343,10 @@ async fn a_second_instance_is_told_how_to_share_the_host() {
     let broker = TestBroker::connect(&p).await;
     let inbound = format!("{p}.in");
     let port = free_port();
-    let toml = format!(
-        "{}\n[admin]\nlisten = \"127.0.0.1:{port}\"\n",
-        seed_toml(&p, &base_toml(&p, "nack"))
-    );
+    let toml = Forwarder::new(&p)
+        .seed(&p)
+        .admin(&format!("127.0.0.1:{port}"))
+        .toml();
     let first = Process::spawn(&format!("{p}-a"), &toml);
     wait_consumers(&broker, &inbound, 1).await;
 

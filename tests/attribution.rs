@@ -12,7 +12,8 @@ use std::time::Duration;
 use lapin::options::{BasicPublishOptions, QueueBindOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Confirmation, ExchangeKind};
-use support::harness::{InProcess, base_toml, endpoint_toml};
+use support::config::{Branch, Endpoint, Filter, Forwarder};
+use support::harness::InProcess;
 use support::{
     DEFAULT_TIMEOUT, Message, POLL_INTERVAL, TestBroker, amqp_str, delete_all_with_prefix,
     field_table, ready_unacked, unique_prefix,
@@ -35,24 +36,13 @@ fn id(i: u32) -> String {
 /// One branch: every message to the headers exchange `<p>.hx`, backup queue
 /// `<p>.caught` on the default exchange.
 fn headers_exchange_toml(p: &str) -> String {
-    format!(
-        r#"{base}{primary}{backup}
-[backup_lists]
-catch = ["caught"]
-
-[filters.all]
-type = "match_all"
-
-[[filter_table]]
-name = "hx"
-filter = "all"
-endpoint = "hx"
-backup_list = "catch"
-"#,
-        base = base_toml(p, "nack"),
-        primary = endpoint_toml("hx", "main", "x", false, &format!("exchange = \"{p}.hx\"")),
-        backup = endpoint_toml("caught", "main", &format!("{p}.caught"), true, ""),
-    )
+    Forwarder::new(p)
+        .endpoint(Endpoint::exchange("hx", &format!("{p}.hx"), "x"))
+        .endpoint(Endpoint::queue("caught", &format!("{p}.caught")))
+        .backup_list("catch", &["caught"])
+        .filter("all", Filter::match_all())
+        .branch(Branch::new("hx", "all", "hx").backups("catch"))
+        .toml()
 }
 
 /// The message ids of `messages`, sorted, duplicates kept.
@@ -300,24 +290,13 @@ async fn nack_is_a_failure_not_a_delivery() {
         )
         .await;
 
-    let toml = format!(
-        r#"{base}{primary}{backup}
-[backup_lists]
-spill = ["overflow"]
-
-[filters.all]
-type = "match_all"
-
-[[filter_table]]
-name = "bounded"
-filter = "all"
-endpoint = "full"
-backup_list = "spill"
-"#,
-        base = base_toml(&p, "nack"),
-        primary = endpoint_toml("full", "main", &full, false, ""),
-        backup = endpoint_toml("overflow", "main", &overflow, true, ""),
-    );
+    let toml = Forwarder::new(&p)
+        .endpoint(Endpoint::queue("full", &full).undeclared())
+        .endpoint(Endpoint::queue("overflow", &overflow))
+        .backup_list("spill", &["overflow"])
+        .filter("all", Filter::match_all())
+        .branch(Branch::new("bounded", "all", "full").backups("spill"))
+        .toml();
     let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
 
     let bodies: Vec<String> = (0..5).map(|i| format!("m{i}")).collect();

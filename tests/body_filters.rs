@@ -8,61 +8,33 @@
 mod support;
 
 use lapin::BasicProperties;
-use support::harness::{InProcess, base_toml, endpoint_toml};
+use support::config::{Branch, Endpoint, Filter, Forwarder};
+use support::harness::InProcess;
 use support::{DEFAULT_TIMEOUT, Message, TestBroker, delete_all_with_prefix, unique_prefix};
 
 /// Branch `orders` takes paid JSON orders, branch `invoices` XML invoices
 /// over 100 in the invoices namespace; `fallback` adds a `match_all` entry
 /// at priority -1 to queue `<p>.unread`.
 fn toml(p: &str, mode: &str, fallback: bool) -> String {
-    let mut toml = format!(
-        r#"{base}{orders}{invoices}
-[filters.paid]
-type = "json"
-pointer = "/order/status"
-equals = "paid"
-
-[filters.bigInvoice]
-type = "xpath"
-expression = "/inv:invoice[inv:total > 100]"
-namespaces = {{ inv = "urn:example:invoices" }}
-
-[[filter_table]]
-name = "orders"
-filter = "paid"
-endpoint = "orders"
-
-[[filter_table]]
-name = "invoices"
-filter = "bigInvoice"
-endpoint = "invoices"
-"#,
-        base = base_toml(p, mode),
-        orders = endpoint_toml("orders", "main", &format!("{p}.orders"), true, ""),
-        invoices = endpoint_toml("invoices", "main", &format!("{p}.invoices"), true, ""),
-    );
+    let queue = |name: &str| Endpoint::queue(name, &format!("{p}.{name}"));
+    let mut config = Forwarder::new(p)
+        .mode(mode)
+        .endpoint(queue("orders"))
+        .endpoint(queue("invoices"))
+        .filter("paid", Filter::json("/order/status").set("equals", "paid"))
+        .filter(
+            "bigInvoice",
+            Filter::xpath("/inv:invoice[inv:total > 100]").namespace("inv", "urn:example:invoices"),
+        )
+        .branch(Branch::new("orders", "paid", "orders"))
+        .branch(Branch::new("invoices", "bigInvoice", "invoices"));
     if fallback {
-        toml.push_str(&endpoint_toml(
-            "unread",
-            "main",
-            &format!("{p}.unread"),
-            true,
-            "",
-        ));
-        toml.push_str(
-            r#"
-[filters.all]
-type = "match_all"
-
-[[filter_table]]
-name = "unread"
-filter = "all"
-endpoint = "unread"
-priority = -1
-"#,
-        );
+        config = config
+            .endpoint(queue("unread"))
+            .filter("all", Filter::match_all())
+            .branch(Branch::new("unread", "all", "unread").set("priority", -1));
     }
-    toml
+    config.toml()
 }
 
 fn invoice(ns: &str, prefix: &str, total: u32) -> Vec<u8> {

@@ -6,7 +6,8 @@ mod support;
 
 use lapin::BasicProperties;
 use std::collections::BTreeSet;
-use support::harness::{InProcess, base_toml, endpoint_toml, seed_toml, wait_consumers};
+use support::config::{Branch, Endpoint, Filter, Forwarder};
+use support::harness::{InProcess, wait_consumers};
 use support::{
     BULK_TIMEOUT, DEFAULT_TIMEOUT, FaultProxy, Message, TestBroker, amqp_addr, amqp_str,
     close_connections_named, delete_all_with_prefix, field_table, ready_unacked, unique_prefix,
@@ -19,7 +20,7 @@ const N: u32 = 6_000;
 async fn the_consumer_reconnects_after_its_connection_is_closed_and_loses_nothing() {
     let p = unique_prefix("consumer-closed");
     let broker = TestBroker::connect(&p).await;
-    let toml = seed_toml(&p, &base_toml(&p, "nack"));
+    let toml = Forwarder::new(&p).seed(&p).toml();
     // A first run declares the queues; the messages then wait as a backlog,
     // so the second run has a full prefetch window in flight at the close.
     InProcess::start_consuming(&toml, &broker, &format!("{p}.in"))
@@ -84,41 +85,19 @@ async fn a_slow_message_does_not_hold_back_the_acks_of_the_messages_behind_it() 
     let p = unique_prefix("ack-behind");
     let broker = TestBroker::connect(&p).await;
     let proxy = FaultProxy::start(amqp_addr()).await;
-    let toml = format!(
-        r#"{base}
-[brokers.slow]
-uri = "{slow}"
-{slow_ep}{fast_ep}
-[filters.slow]
-type = "header"
-header = "lane"
-equals = "slow"
-
-[filters.fast]
-type = "not"
-filter = "slow"
-
-[[filter_table]]
-name = "slow"
-filter = "slow"
-endpoint = "slow"
-
-[[filter_table]]
-name = "fast"
-filter = "fast"
-endpoint = "fast"
-"#,
-        base = base_toml(&p, "nack"),
-        slow = proxy.amqp_url(),
-        slow_ep = endpoint_toml(
-            "slow",
-            "slow",
-            &format!("{p}.slow"),
-            true,
-            "confirm_timeout_ms = 20000"
-        ),
-        fast_ep = endpoint_toml("fast", "main", &format!("{p}.fast"), true, ""),
-    );
+    let toml = Forwarder::new(&p)
+        .broker("slow", &proxy.amqp_url())
+        .endpoint(
+            Endpoint::queue("slow", &format!("{p}.slow"))
+                .on("slow")
+                .set("confirm_timeout_ms", 20000),
+        )
+        .endpoint(Endpoint::queue("fast", &format!("{p}.fast")))
+        .filter("slow", Filter::header("lane").set("equals", "slow"))
+        .filter("fast", Filter::not("slow"))
+        .branch(Branch::new("slow", "slow", "slow"))
+        .branch(Branch::new("fast", "fast", "fast"))
+        .toml();
     let forwarder = InProcess::start_consuming(&toml, &broker, &format!("{p}.in")).await;
     let slow_lane =
         || BasicProperties::default().with_headers(field_table([("lane", amqp_str("slow"))]));

@@ -7,7 +7,8 @@ mod support;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use support::harness::{InProcess, base_toml, endpoint_toml};
+use support::config::{Branch, Endpoint, Filter, Forwarder};
+use support::harness::InProcess;
 use support::{
     DEFAULT_TIMEOUT, Message, TestBroker, amqp_str, delete_all_with_prefix, field_table,
     ready_unacked, unique_prefix, wait_until,
@@ -15,62 +16,27 @@ use support::{
 
 /// "service" delivers to an existing queue; "logging" has only missing
 /// queues (every attempt returned), so its list is exhausted.
-fn exhausting_toml(p: &str, mode: &str) -> String {
-    format!(
-        r#"{base}{service}{logging}{logging_backup}
-[backup_lists]
-logging_backups = ["logging_backup"]
-
-[filters.all]
-type = "match_all"
-
-[[filter_table]]
-name = "service"
-filter = "all"
-endpoint = "service"
-
-[[filter_table]]
-name = "logging"
-filter = "all"
-endpoint = "logging"
-backup_list = "logging_backups"
-"#,
-        base = base_toml(p, mode),
-        service = endpoint_toml("service", "main", &format!("{p}.service"), true, ""),
-        logging = endpoint_toml(
-            "logging",
-            "main",
-            &format!("{p}.logging.missing"),
-            false,
-            ""
-        ),
-        logging_backup = endpoint_toml(
-            "logging_backup",
-            "main",
-            &format!("{p}.logging.gone"),
-            false,
-            ""
-        ),
-    )
+fn exhausting(p: &str, mode: &str) -> Forwarder {
+    let missing =
+        |name: &str, queue: &str| Endpoint::queue(name, &format!("{p}.{queue}")).undeclared();
+    Forwarder::new(p)
+        .mode(mode)
+        .endpoint(Endpoint::queue("service", &format!("{p}.service")))
+        .endpoint(missing("logging", "logging.missing"))
+        .endpoint(missing("logging_backup", "logging.gone"))
+        .backup_list("logging_backups", &["logging_backup"])
+        .filter("all", Filter::match_all())
+        .branch(Branch::new("service", "all", "service"))
+        .branch(Branch::new("logging", "all", "logging").backups("logging_backups"))
 }
 
 /// Only messages with header `kind = order` have a route.
-fn selective_toml(p: &str, mode: &str) -> String {
-    format!(
-        r#"{base}{service}
-[filters.orders]
-type = "header"
-header = "kind"
-equals = "order"
-
-[[filter_table]]
-name = "service"
-filter = "orders"
-endpoint = "service"
-"#,
-        base = base_toml(p, mode),
-        service = endpoint_toml("service", "main", &format!("{p}.service"), true, ""),
-    )
+fn selective(p: &str, mode: &str) -> Forwarder {
+    Forwarder::new(p)
+        .mode(mode)
+        .endpoint(Endpoint::queue("service", &format!("{p}.service")))
+        .filter("orders", Filter::header("kind").set("equals", "order"))
+        .branch(Branch::new("service", "orders", "service"))
 }
 
 fn props(id: &str, kind: &str) -> BasicProperties {
@@ -102,7 +68,8 @@ async fn an_exhausted_list_dead_letters_in_nack_mode_and_keeps_delivered_branche
     let p = unique_prefix("dl-nack");
     let broker = TestBroker::connect(&p).await;
     let forwarder =
-        InProcess::start_consuming(&exhausting_toml(&p, "nack"), &broker, &format!("{p}.in")).await;
+        InProcess::start_consuming(&exhausting(&p, "nack").toml(), &broker, &format!("{p}.in"))
+            .await;
     for i in 0..20 {
         broker
             .publish(
@@ -155,7 +122,7 @@ async fn an_exhausted_list_dead_letters_in_republish_mode_with_annotations() {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);
     let forwarder = InProcess::start_consuming(
-        &exhausting_toml(&p, "republish"),
+        &exhausting(&p, "republish").toml(),
         &broker,
         &format!("{p}.in"),
     )
@@ -223,7 +190,8 @@ async fn no_route_dead_letters_in_nack_mode() {
     let p = unique_prefix("noroute-nack");
     let broker = TestBroker::connect(&p).await;
     let forwarder =
-        InProcess::start_consuming(&selective_toml(&p, "nack"), &broker, &format!("{p}.in")).await;
+        InProcess::start_consuming(&selective(&p, "nack").toml(), &broker, &format!("{p}.in"))
+            .await;
     broker
         .publish("", &format!("{p}.in"), b"x", props("routed", "order"))
         .await;
@@ -249,7 +217,7 @@ async fn no_route_dead_letters_in_republish_mode_with_reason() {
     let p = unique_prefix("noroute-repub");
     let broker = TestBroker::connect(&p).await;
     let forwarder = InProcess::start_consuming(
-        &selective_toml(&p, "republish"),
+        &selective(&p, "republish").toml(),
         &broker,
         &format!("{p}.in"),
     )
@@ -297,7 +265,7 @@ async fn an_unconfirmed_dead_letter_keeps_the_original_and_never_resends_deliver
     broker
         .publish("", &dlq, b"filler", props("filler", "x"))
         .await;
-    let toml = exhausting_toml(&p, "republish").replace(&format!("queue = \"{dlq}\"\n"), "");
+    let toml = exhausting(&p, "republish").no_dead_letter_queue().toml();
     let forwarder = InProcess::start_consuming(&toml, &broker, &format!("{p}.in")).await;
     broker
         .publish("", &format!("{p}.in"), b"keep me", props("m1", "order"))

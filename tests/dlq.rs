@@ -15,7 +15,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Output, Stdio};
 use std::time::{SystemTime, UNIX_EPOCH};
-use support::harness::{InProcess, base_toml, endpoint_toml};
+use support::config::{Branch, Endpoint, Filter, Forwarder};
+use support::harness::InProcess;
 use support::{
     BULK_TIMEOUT, DEFAULT_TIMEOUT, Message, TestBroker, amqp_addr, amqp_str, amqp_url,
     delete_all_with_prefix, ready_unacked, unique_prefix, wait_until,
@@ -42,44 +43,21 @@ const JSON_KEYS: [&str; 13] = [
 /// branch "logging" takes `order` to two queues that do not exist (every
 /// attempt is returned), so an order is delivered to service and
 /// dead-lettered `exhausted` for logging; any other kind is `no-route`.
-fn mixed_toml(p: &str, mode: &str) -> String {
-    format!(
-        r#"{base}{service}{logging}{logging_backup}
-[backup_lists]
-logging_backups = ["logging_backup"]
-
-[filters.known]
-type = "header"
-header = "kind"
-in = ["order", "invoice"]
-
-[filters.orders]
-type = "header"
-header = "kind"
-equals = "order"
-
-[[filter_table]]
-name = "service"
-filter = "known"
-endpoint = "service"
-
-[[filter_table]]
-name = "logging"
-filter = "orders"
-endpoint = "logging"
-backup_list = "logging_backups"
-"#,
-        base = base_toml(p, mode),
-        service = endpoint_toml("service", "main", &format!("{p}.service"), true, ""),
-        logging = endpoint_toml("logging", "main", &format!("{p}.logging"), false, ""),
-        logging_backup = endpoint_toml(
-            "logging_backup",
-            "main",
-            &format!("{p}.logging.backup"),
-            false,
-            ""
-        ),
-    )
+fn mixed(p: &str, mode: &str) -> Forwarder {
+    let queue = |name: &str, queue: &str| Endpoint::queue(name, &format!("{p}.{queue}"));
+    Forwarder::new(p)
+        .mode(mode)
+        .endpoint(queue("service", "service"))
+        .endpoint(queue("logging", "logging").undeclared())
+        .endpoint(queue("logging_backup", "logging.backup").undeclared())
+        .backup_list("logging_backups", &["logging_backup"])
+        .filter(
+            "known",
+            Filter::header("kind").set("in", ["order", "invoice"]),
+        )
+        .filter("orders", Filter::header("kind").set("equals", "order"))
+        .branch(Branch::new("service", "known", "service"))
+        .branch(Branch::new("logging", "orders", "logging").backups("logging_backups"))
 }
 
 fn props(id: &str, kind: &str) -> BasicProperties {
@@ -248,7 +226,7 @@ async fn inspect_lists_republished_dead_letters_with_every_filter_and_changes_no
     let p = unique_prefix("dlq-inspect-repub");
     let broker = TestBroker::connect(&p).await;
     let (inbound, dlq_name) = (format!("{p}.in"), format!("{p}.dlq"));
-    let toml = mixed_toml(&p, "republish");
+    let toml = mixed(&p, "republish").toml();
     let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
     dead_letter_orders(&broker, &p, "o", 5).await;
     let mut long = b"\x00\x01bin\nary".to_vec();
@@ -438,7 +416,7 @@ async fn inspect_in_nack_mode_shows_x_death_and_says_where_the_reason_is() {
     let p = unique_prefix("dlq-inspect-nack");
     let broker = TestBroker::connect(&p).await;
     let (inbound, dlq_name) = (format!("{p}.in"), format!("{p}.dlq"));
-    let toml = mixed_toml(&p, "nack");
+    let toml = mixed(&p, "nack").toml();
     let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
     dead_letter_orders(&broker, &p, "o", 3).await;
     broker
@@ -504,10 +482,9 @@ async fn inspect_leaves_a_quorum_dead_letter_queue_in_order() {
     let p = unique_prefix("dlq-inspect-quorum");
     let broker = TestBroker::connect(&p).await;
     let (inbound, dlq_name) = (format!("{p}.in"), format!("{p}.dlq"));
-    let toml = mixed_toml(&p, "republish").replace(
-        &format!("queue = \"{dlq_name}\"\n"),
-        &format!("queue = \"{dlq_name}\"\nqueue_type = \"quorum\"\n"),
-    );
+    let toml = mixed(&p, "republish")
+        .dead_letter("queue_type", "quorum")
+        .toml();
     let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
     dead_letter_orders(&broker, &p, "o", 8).await;
     broker.await_count(&dlq_name, 8, DEFAULT_TIMEOUT).await;
@@ -538,7 +515,7 @@ async fn redrive_of_partial_deliveries_reaches_only_the_missing_branch() {
     let broker = TestBroker::connect(&p).await;
     let (inbound, dlq_name) = (format!("{p}.in"), format!("{p}.dlq"));
     let (service, logging) = (format!("{p}.service"), format!("{p}.logging"));
-    let toml = mixed_toml(&p, "republish");
+    let toml = mixed(&p, "republish").toml();
     let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
     dead_letter_orders(&broker, &p, "o", 6).await;
     broker.await_count(&dlq_name, 6, DEFAULT_TIMEOUT).await;
@@ -608,7 +585,7 @@ async fn redrive_takes_each_dead_letter_once_even_when_it_comes_back() {
     let p = unique_prefix("dlq-redrive-back");
     let broker = TestBroker::connect(&p).await;
     let (inbound, dlq_name) = (format!("{p}.in"), format!("{p}.dlq"));
-    let toml = mixed_toml(&p, "republish");
+    let toml = mixed(&p, "republish").toml();
     let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
     for i in 0..3 {
         broker
@@ -662,7 +639,7 @@ async fn a_redrive_interrupted_or_killed_midway_loses_nothing() {
     let p = unique_prefix("dlq-redrive-kill");
     let broker = TestBroker::connect(&p).await;
     let (inbound, dlq_name) = (format!("{p}.in"), format!("{p}.dlq"));
-    let toml = mixed_toml(&p, "republish");
+    let toml = mixed(&p, "republish").toml();
     let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
     let bodies: Vec<String> = (0..N).map(|i| format!("order-{i}")).collect();
     let mut pending = Vec::new();
@@ -842,7 +819,7 @@ async fn usage_and_configuration_errors_are_one_line_with_exit_2() {
         assert!(!err.contains("panicked"), "{err}");
         lines[0].to_owned()
     };
-    let config = ConfigFile::new(&p, &mixed_toml(&p, "republish"));
+    let config = ConfigFile::new(&p, &mixed(&p, "republish").toml());
     for command in ["inspect", "redrive"] {
         let out = dlq(&config, &[command, "--since", "10x"]).await;
         assert_eq!(out.status.code(), Some(2));
@@ -853,7 +830,7 @@ async fn usage_and_configuration_errors_are_one_line_with_exit_2() {
         );
     }
 
-    let no_queue = mixed_toml(&p, "republish").replace(&format!("queue = \"{p}.dlq\"\n"), "");
+    let no_queue = mixed(&p, "republish").no_dead_letter_queue().toml();
     let no_queue = ConfigFile::new(&format!("{p}-noq"), &no_queue);
     for command in ["inspect", "redrive"] {
         let out = dlq(&no_queue, &[command]).await;
@@ -880,7 +857,7 @@ async fn usage_and_configuration_errors_are_one_line_with_exit_2() {
 
     // Connection failures are classified and worded as `run` words them.
     let with_uri = |name: &str, uri: &str| {
-        let toml = mixed_toml(&p, "republish").replace(&amqp_url(), uri);
+        let toml = mixed(&p, "republish").broker("main", uri).toml();
         ConfigFile::new(&format!("{p}-{name}"), &toml)
     };
     let password = format!("not-the-password-{}", &p[p.len() - 8..]);

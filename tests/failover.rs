@@ -7,15 +7,23 @@ mod support;
 use lapin::BasicProperties;
 use std::collections::BTreeSet;
 use std::time::Duration;
-use support::harness::{InProcess, base_toml, endpoint_toml, one_branch_toml};
+use support::config::{Branch, Endpoint, Filter, Forwarder};
+use support::harness::InProcess;
 use support::{
     BlackHole, DEFAULT_TIMEOUT, FaultProxy, Message, TestBroker, amqp_addr,
     close_connections_named, delete_all_with_prefix, unique_prefix, wait_until,
 };
 
-/// One branch "service": `primary` then `backup`, dead letters nacked.
-fn one_branch(p: &str, brokers: &str, primary: &str, backup: &str) -> String {
-    one_branch_toml(p, "nack", brokers, primary, backup)
+/// One branch "service" over every message: endpoint `primary` (named
+/// "primary"), then the backup list `["backup"]`, whose endpoint publishes
+/// to queue `<p>.backup` on broker "main"; dead letters nacked.
+fn one_branch(p: &str, primary: Endpoint) -> Forwarder {
+    Forwarder::new(p)
+        .endpoint(primary)
+        .endpoint(Endpoint::queue("backup", &format!("{p}.backup")))
+        .backup_list("backups", &["backup"])
+        .filter("all", Filter::match_all())
+        .branch(Branch::new("service", "all", "primary").backups("backups"))
 }
 
 /// Bodies sorted: a failover may reorder messages (only sessions keep order
@@ -45,10 +53,9 @@ async fn a_returned_publish_fails_over_to_the_backup() {
     // The primary's queue does not exist: the default exchange returns the copy (312 NO_ROUTE).
     let toml = one_branch(
         &p,
-        "",
-        &endpoint_toml("primary", "main", &format!("{p}.missing"), false, ""),
-        &endpoint_toml("backup", "main", &format!("{p}.backup"), true, ""),
-    );
+        Endpoint::queue("primary", &format!("{p}.missing")).undeclared(),
+    )
+    .toml();
     let forwarder = InProcess::start_consuming(&toml, &broker, &format!("{p}.in")).await;
     publish_numbered(&broker, &p, 0..300).await;
     broker
@@ -72,18 +79,12 @@ async fn a_confirm_timeout_fails_over_and_the_primary_is_used_again_after() {
     let p = unique_prefix("fo-timeout");
     let broker = TestBroker::connect(&p).await;
     let proxy = FaultProxy::start(amqp_addr()).await;
-    let toml = one_branch(
-        &p,
-        &format!("\n[brokers.slow]\nuri = \"{}\"\n", proxy.amqp_url()),
-        &endpoint_toml(
-            "primary",
-            "slow",
-            &format!("{p}.primary"),
-            true,
-            "confirm_timeout_ms = 400",
-        ),
-        &endpoint_toml("backup", "main", &format!("{p}.backup"), true, ""),
-    );
+    let primary = Endpoint::queue("primary", &format!("{p}.primary"))
+        .on("slow")
+        .set("confirm_timeout_ms", 400);
+    let toml = one_branch(&p, primary)
+        .broker("slow", &proxy.amqp_url())
+        .toml();
     let forwarder = InProcess::start_consuming(&toml, &broker, &format!("{p}.in")).await;
 
     publish_numbered(&broker, &p, 0..50).await;
@@ -135,18 +136,12 @@ async fn a_confirm_timeout_fails_over_and_the_primary_is_used_again_after() {
 async fn edge_scenario(p: &str) -> (TestBroker, FaultProxy, InProcess) {
     let broker = TestBroker::connect(p).await;
     let proxy = FaultProxy::start(amqp_addr()).await;
-    let toml = one_branch(
-        p,
-        &format!("\n[brokers.edge]\nuri = \"{}\"\n", proxy.amqp_url()),
-        &endpoint_toml(
-            "primary",
-            "edge",
-            &format!("{p}.primary"),
-            true,
-            "confirm_timeout_ms = 20000",
-        ),
-        &endpoint_toml("backup", "main", &format!("{p}.backup"), true, ""),
-    );
+    let primary = Endpoint::queue("primary", &format!("{p}.primary"))
+        .on("edge")
+        .set("confirm_timeout_ms", 20000);
+    let toml = one_branch(p, primary)
+        .broker("edge", &proxy.amqp_url())
+        .toml();
     let forwarder = InProcess::start_consuming(&toml, &broker, &format!("{p}.in")).await;
     publish_numbered(&broker, p, 0..20).await;
     broker
@@ -261,12 +256,12 @@ async fn an_unreachable_broker_fails_over_without_waiting_for_each_connect() {
     let broker = TestBroker::connect(&p).await;
     // Accepts TCP and never answers: each connect attempt can only time out.
     let hole = BlackHole::start().await;
-    let toml = one_branch(
-        &p,
-        &format!("\n[brokers.down]\nuri = \"{}\"\n", hole.amqp_url()),
-        &endpoint_toml("primary", "down", &format!("{p}.primary"), false, ""),
-        &endpoint_toml("backup", "main", &format!("{p}.backup"), true, ""),
-    );
+    let primary = Endpoint::queue("primary", &format!("{p}.primary"))
+        .on("down")
+        .undeclared();
+    let toml = one_branch(&p, primary)
+        .broker("down", &hole.amqp_url())
+        .toml();
     let forwarder = InProcess::start_consuming(&toml, &broker, &format!("{p}.in")).await;
     publish_numbered(&broker, &p, 0..200).await;
     // Far less than 200 connect timeouts: the messages share the attempts
@@ -293,18 +288,10 @@ async fn an_unreachable_broker_fails_over_without_waiting_for_each_connect() {
 async fn an_endpoint_is_retried_as_configured_before_failing_over() {
     let p = unique_prefix("fo-retries");
     let broker = TestBroker::connect(&p).await;
-    let toml = one_branch(
-        &p,
-        "",
-        &endpoint_toml(
-            "primary",
-            "main",
-            &format!("{p}.missing"),
-            false,
-            "retries = 2",
-        ),
-        &endpoint_toml("backup", "main", &format!("{p}.backup"), true, ""),
-    );
+    let primary = Endpoint::queue("primary", &format!("{p}.missing"))
+        .undeclared()
+        .set("retries", 2);
+    let toml = one_branch(&p, primary).toml();
     let forwarder = InProcess::start_consuming(&toml, &broker, &format!("{p}.in")).await;
     // This forwarder's own: other tests' forwarders count elsewhere.
     let telemetry = forwarder.telemetry().clone();
@@ -336,46 +323,21 @@ async fn a_stalled_branch_does_not_hold_up_the_other_branch() {
     let p = unique_prefix("fo-hol");
     let broker = TestBroker::connect(&p).await;
     let proxy = FaultProxy::start(amqp_addr()).await;
-    let toml = format!(
-        r#"{base}
-[brokers.slow]
-uri = "{slow}"
-{stalled}{stalled_backup}{healthy}
-[backup_lists]
-stalled_backups = ["stalled_backup"]
-
-[filters.all]
-type = "match_all"
-
-[[filter_table]]
-name = "stalled"
-filter = "all"
-endpoint = "stalled"
-backup_list = "stalled_backups"
-
-[[filter_table]]
-name = "healthy"
-filter = "all"
-endpoint = "healthy"
-"#,
-        base = base_toml(&p, "nack"),
-        slow = proxy.amqp_url(),
-        stalled = endpoint_toml(
-            "stalled",
-            "slow",
-            &format!("{p}.stalled"),
-            true,
-            &format!("confirm_timeout_ms = {STALL_TIMEOUT_MS}")
-        ),
-        stalled_backup = endpoint_toml(
-            "stalled_backup",
-            "main",
-            &format!("{p}.stalled.backup"),
-            true,
-            ""
-        ),
-        healthy = endpoint_toml("healthy", "main", &format!("{p}.healthy"), true, ""),
-    );
+    let queue = |name: &str, queue: &str| Endpoint::queue(name, &format!("{p}.{queue}"));
+    let toml = Forwarder::new(&p)
+        .broker("slow", &proxy.amqp_url())
+        .endpoint(
+            queue("stalled", "stalled")
+                .on("slow")
+                .set("confirm_timeout_ms", STALL_TIMEOUT_MS),
+        )
+        .endpoint(queue("stalled_backup", "stalled.backup"))
+        .endpoint(queue("healthy", "healthy"))
+        .backup_list("stalled_backups", &["stalled_backup"])
+        .filter("all", Filter::match_all())
+        .branch(Branch::new("stalled", "all", "stalled").backups("stalled_backups"))
+        .branch(Branch::new("healthy", "all", "healthy"))
+        .toml();
     let forwarder = InProcess::start_consuming(&toml, &broker, &format!("{p}.in")).await;
     publish_numbered(&broker, &p, 0..10).await;
     broker
@@ -420,15 +382,13 @@ async fn nothing_the_forwarder_started_outlives_it() {
     let broker = TestBroker::connect(&p).await;
     // The primary publishes to an exchange that does not exist: its channel
     // closes (404), it is marked down and probed every 100 ms.
-    let primary = endpoint_toml(
+    let primary = Endpoint::exchange(
         "primary",
-        "main",
+        &format!("{p}.no-such-exchange"),
         &format!("{p}.never"),
-        false,
-        &format!("exchange = \"{p}.no-such-exchange\"\nprobe_interval_ms = 100"),
-    );
-    let backup = endpoint_toml("backup", "main", &format!("{p}.backup"), true, "");
-    let toml = one_branch(&p, "", &primary, &backup);
+    )
+    .set("probe_interval_ms", 100);
+    let toml = one_branch(&p, primary).toml();
     let forwarder = InProcess::start_consuming(&toml, &broker, &format!("{p}.in")).await;
     publish_numbered(&broker, &p, 0..5).await;
     broker

@@ -16,23 +16,17 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use lapin::options::{BasicGetOptions, BasicNackOptions};
 use lapin::types::{AMQPValue, FieldArray, FieldTable};
 use lapin::{BasicProperties, ExchangeKind};
-use support::harness::{InProcess, base_toml, endpoint_toml};
+use support::config::{Branch, Endpoint, Filter, Forwarder};
+use support::harness::InProcess;
 use support::{
     DEFAULT_TIMEOUT, FaultProxy, Message, TestBroker, amqp_addr, amqp_str, close_connections_named,
     delete_all_with_prefix, field_table, ready_unacked, unique_prefix, wait_until,
 };
 
-/// `top` (from `base_toml`) with `keys` added to its `[inbound]` section.
-fn with_inbound(top: &str, keys: &str) -> String {
-    top.replacen("[inbound]\n", &format!("[inbound]\n{keys}\n"), 1)
-}
-
 /// One `[[filter_table]]` entry: branch `branch`, matched by `filter`,
 /// sent to the endpoint of the same name.
-fn entry(branch: &str, filter: &str, extra: &str) -> String {
-    format!(
-        "\n[[filter_table]]\nname = \"{branch}\"\nfilter = \"{filter}\"\nendpoint = \"{branch}\"\n{extra}\n"
-    )
+fn entry(branch: &str, filter: &str) -> Branch {
+    Branch::new(branch, filter, branch)
 }
 
 fn now_ms() -> i64 {
@@ -115,12 +109,13 @@ async fn a_loop_through_a_named_exchange_ends_at_max_hops() {
         .await;
     broker.declare_queue(&side).await;
     broker.bind(&side, &exchange, "again").await;
-    let toml = format!(
-        "{top}\n[endpoints.round]\nbroker = \"main\"\nexchange = \"{exchange}\"\nrouting_key = \"again\"\n\
-         \n[filters.all]\ntype = \"match_all\"\n{round}",
-        top = with_inbound(&base_toml(&p, "republish"), "max_hops = 3"),
-        round = entry("round", "all", ""),
-    );
+    let toml = Forwarder::new(&p)
+        .mode("republish")
+        .inbound("max_hops", 3)
+        .endpoint(Endpoint::exchange("round", &exchange, "again"))
+        .filter("all", Filter::match_all())
+        .branch(entry("round", "all"))
+        .toml();
     let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
     broker.bind(&inbound, &exchange, "again").await;
 
@@ -202,14 +197,14 @@ async fn forged_annotations_are_stripped_from_copies_and_dead_letters() {
             ]),
         )
         .await;
-    let toml = format!(
-        "{top}{ea}{eb}\n[filters.all]\ntype = \"match_all\"\n{ta}{tb}",
-        top = base_toml(&p, "republish"),
-        ea = endpoint_toml("a", "main", &a, false, ""),
-        eb = endpoint_toml("b", "main", &b, true, ""),
-        ta = entry("a", "all", ""),
-        tb = entry("b", "all", ""),
-    );
+    let toml = Forwarder::new(&p)
+        .mode("republish")
+        .endpoint(Endpoint::queue("a", &a).undeclared())
+        .endpoint(Endpoint::queue("b", &b))
+        .filter("all", Filter::match_all())
+        .branch(entry("a", "all"))
+        .branch(entry("b", "all"))
+        .toml();
     let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
 
     let forged = || {
@@ -302,16 +297,15 @@ async fn a_required_branch_gets_messages_restricted_to_another_branch() {
     let p = unique_prefix("required");
     let broker = TestBroker::connect(&p).await;
     let q = |name: &str| format!("{p}.{name}");
-    let toml = format!(
-        "{top}{ew}{ea}{ex}\n[filters.all]\ntype = \"match_all\"\n{tw}{ta}{tx}",
-        top = base_toml(&p, "nack"),
-        ew = endpoint_toml("work", "main", &q("work"), true, ""),
-        ea = endpoint_toml("audit", "main", &q("audit"), true, ""),
-        ex = endpoint_toml("extra", "main", &q("extra"), true, ""),
-        tw = entry("work", "all", ""),
-        ta = entry("audit", "all", "required = true"),
-        tx = entry("extra", "all", ""),
-    );
+    let toml = Forwarder::new(&p)
+        .endpoint(Endpoint::queue("work", &q("work")))
+        .endpoint(Endpoint::queue("audit", &q("audit")))
+        .endpoint(Endpoint::queue("extra", &q("extra")))
+        .filter("all", Filter::match_all())
+        .branch(entry("work", "all"))
+        .branch(entry("audit", "all").set("required", true))
+        .branch(entry("extra", "all"))
+        .toml();
     let forwarder = InProcess::start_consuming(&toml, &broker, &q("in")).await;
     let only_work = BasicProperties::default()
         .with_headers(field_table([("x-switchyard-only", array(&["work"]))]));
@@ -387,30 +381,22 @@ async fn poison_run(p: &str, queue_type: &str, comebacks: Comebacks) -> PoisonRu
         format!("{p}.normal"),
         format!("{p}.dlq"),
     );
-    let toml = format!(
-        r#"{top}
-[brokers.far]
-uri = "{far}"
-{es}{en}
-[filters.stuck]
-type = "header"
-header = "kind"
-equals = "stuck"
-
-[filters.ordinary]
-type = "not"
-filter = "stuck"
-{ts}{tn}"#,
-        top = with_inbound(
-            &base_toml(p, "republish"),
-            &format!("max_redeliveries = 2\nqueue_type = \"{queue_type}\"")
-        ),
-        far = proxy.amqp_url(),
-        es = endpoint_toml("stuck", "far", &stuck, true, "confirm_timeout_ms = 60000"),
-        en = endpoint_toml("normal", "main", &normal, true, ""),
-        ts = entry("stuck", "stuck", ""),
-        tn = entry("normal", "ordinary", ""),
-    );
+    let toml = Forwarder::new(p)
+        .mode("republish")
+        .inbound("max_redeliveries", 2)
+        .inbound("queue_type", queue_type)
+        .broker("far", &proxy.amqp_url())
+        .endpoint(
+            Endpoint::queue("stuck", &stuck)
+                .on("far")
+                .set("confirm_timeout_ms", 60000),
+        )
+        .endpoint(Endpoint::queue("normal", &normal))
+        .filter("stuck", Filter::header("kind").set("equals", "stuck"))
+        .filter("ordinary", Filter::not("stuck"))
+        .branch(entry("stuck", "stuck"))
+        .branch(entry("normal", "ordinary"))
+        .toml();
     let stuck_kind = |body: &str| {
         BasicProperties::default()
             .with_message_id(body.into())

@@ -8,9 +8,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use lapin::BasicProperties;
-use support::harness::{
-    Process, consumer_count, endpoint_toml, seed_toml, top_toml, wait_consumers,
-};
+use support::config::{Branch, Endpoint, Filter, Forwarder};
+use support::harness::{Process, consumer_count, wait_consumers};
 use support::{
     BULK_TIMEOUT, DEFAULT_TIMEOUT, FaultProxy, Message, TestBroker, amqp_addr,
     delete_all_with_prefix, ready_unacked, unique_prefix, wait_for, wait_until,
@@ -18,7 +17,10 @@ use support::{
 
 /// The seed scenario's two branches with prefetch `prefetch`.
 fn two_branch_toml(p: &str, prefetch: u32) -> String {
-    seed_toml(p, &top_toml(p, "nack", 5000, prefetch))
+    Forwarder::new(p)
+        .inbound("prefetch", prefetch)
+        .seed(p)
+        .toml()
 }
 
 /// Pipelines one persistent, mandatory publish per body to `queue` (default
@@ -249,23 +251,18 @@ async fn sigterm_drains_in_flight_and_exits_zero() {
     let proxy = FaultProxy::start(amqp_addr()).await;
     let inbound = format!("{p}.in");
     let dest = format!("{p}.dest");
-    let toml = format!(
-        r#"{top}
-[brokers.slow]
-uri = "{slow}"
-{endpoint}
-[filters.all]
-type = "match_all"
-
-[[filter_table]]
-name = "dest"
-filter = "all"
-endpoint = "dest"
-"#,
-        top = top_toml(&p, "nack", SHUTDOWN_MS, 200),
-        slow = proxy.amqp_url(),
-        endpoint = endpoint_toml("dest", "slow", &dest, true, "confirm_timeout_ms = 30000"),
-    );
+    let toml = Forwarder::new(&p)
+        .top("shutdown_timeout_ms", SHUTDOWN_MS)
+        .inbound("prefetch", 200)
+        .broker("slow", &proxy.amqp_url())
+        .endpoint(
+            Endpoint::queue("dest", &dest)
+                .on("slow")
+                .set("confirm_timeout_ms", 30000),
+        )
+        .filter("all", Filter::match_all())
+        .branch(Branch::new("dest", "all", "dest"))
+        .toml();
 
     let mut process = Process::spawn(&p, &toml);
     wait_consumers(&broker, &inbound, 1).await;

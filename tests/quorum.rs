@@ -11,7 +11,8 @@ mod support;
 use lapin::options::QueueDeclareOptions;
 use lapin::types::AMQPValue;
 use lapin::{BasicProperties, ExchangeKind};
-use support::harness::{InProcess, base_toml, consumer_count, endpoint_toml};
+use support::config::{Branch, Endpoint, Filter, Forwarder};
+use support::harness::{InProcess, consumer_count};
 use support::{
     DEFAULT_TIMEOUT, Message, TestBroker, amqp_str, amqp_vhost, delete_all_with_prefix,
     field_table, rabbitmqctl, unique_prefix,
@@ -20,63 +21,33 @@ use switchyard::RunError;
 
 const ROUTED: u32 = 40;
 
-/// `base_toml` with `extra` lines added under `[inbound]`.
-fn with_inbound(base: &str, extra: &str) -> String {
-    assert!(
-        base.contains("prefetch = 500\n"),
-        "base_toml changed shape: {base}"
-    );
-    base.replacen("prefetch = 500\n", &format!("prefetch = 500\n{extra}"), 1)
+/// The seed scenario on quorum queues but for the inbound queue, which is
+/// left as configured by default (classic): the dead-letter queue and the
+/// four destination queues are quorum. Branches "service" and "logging"
+/// take messages with header `route = yes`; anything else has no route.
+fn quorum_destinations(p: &str, mode: &str) -> Forwarder {
+    let endpoint = |name: &str, queue: &str| {
+        Endpoint::queue(name, &format!("{p}.{queue}")).set("declare_queue_type", "quorum")
+    };
+    Forwarder::new(p)
+        .mode(mode)
+        .dead_letter("queue_type", "quorum")
+        .endpoint(endpoint("service", "service"))
+        .endpoint(endpoint("service_backup", "service.backup"))
+        .endpoint(endpoint("logging", "logging"))
+        .endpoint(endpoint("logging_backup", "logging.backup"))
+        .backup_list("service_backups", &["service_backup"])
+        .backup_list("logging_backups", &["logging_backup"])
+        .filter("routed", Filter::header("route").set("equals", "yes"))
+        .branch(Branch::new("service", "routed", "service").backups("service_backups"))
+        .branch(Branch::new("logging", "routed", "logging").backups("logging_backups"))
 }
 
 /// The seed scenario on quorum queues: inbound, dead-letter and the four
-/// destination queues are quorum. Branches "service" and "logging" take
-/// messages with header `route = yes`; anything else has no route.
-fn quorum_seed_toml(p: &str, mode: &str, inbound_extra: &str) -> String {
-    let base = with_inbound(
-        &base_toml(p, mode),
-        &format!("queue_type = \"quorum\"\n{inbound_extra}"),
-    );
-    let dlq = format!("queue = \"{p}.dlq\"\n");
-    assert!(base.contains(&dlq), "base_toml changed shape: {base}");
-    let base = base.replacen(&dlq, &format!("{dlq}queue_type = \"quorum\"\n"), 1);
-    let endpoint = |name: &str, queue: &str| {
-        endpoint_toml(
-            name,
-            "main",
-            &format!("{p}.{queue}"),
-            true,
-            "declare_queue_type = \"quorum\"\n",
-        )
-    };
-    format!(
-        r#"{base}{service}{service_backup}{logging}{logging_backup}
-[backup_lists]
-service_backups = ["service_backup"]
-logging_backups = ["logging_backup"]
-
-[filters.routed]
-type = "header"
-header = "route"
-equals = "yes"
-
-[[filter_table]]
-name = "service"
-filter = "routed"
-endpoint = "service"
-backup_list = "service_backups"
-
-[[filter_table]]
-name = "logging"
-filter = "routed"
-endpoint = "logging"
-backup_list = "logging_backups"
-"#,
-        service = endpoint("service", "service"),
-        service_backup = endpoint("service_backup", "service.backup"),
-        logging = endpoint("logging", "logging"),
-        logging_backup = endpoint("logging_backup", "logging.backup"),
-    )
+/// destination queues are quorum ([`quorum_destinations`] with a quorum
+/// inbound queue).
+fn quorum_seed(p: &str, mode: &str) -> Forwarder {
+    quorum_destinations(p, mode).inbound("queue_type", "quorum")
 }
 
 fn routed(i: u32) -> BasicProperties {
@@ -216,7 +187,7 @@ async fn quorum_seed_scenario_forwards_and_dead_letters_by_nack() {
     let broker = TestBroker::connect(&p).await;
     let inbound = format!("{p}.in");
     let forwarder =
-        InProcess::start_consuming(&quorum_seed_toml(&p, "nack", ""), &broker, &inbound).await;
+        InProcess::start_consuming(&quorum_seed(&p, "nack").toml(), &broker, &inbound).await;
 
     // Every queue switchyard declared is a quorum queue; the inbound one
     // carries at-least-once dead-lettering (x-overflow is compared, so a
@@ -270,7 +241,7 @@ async fn quorum_seed_scenario_forwards_and_dead_letters_by_republish() {
     let broker = TestBroker::connect(&p).await;
     let inbound = format!("{p}.in");
     let forwarder =
-        InProcess::start_consuming(&quorum_seed_toml(&p, "republish", ""), &broker, &inbound).await;
+        InProcess::start_consuming(&quorum_seed(&p, "republish").toml(), &broker, &inbound).await;
     for queue in ["dlq", "service", "logging"] {
         assert_quorum(&broker, &format!("{p}.{queue}"), Vec::new()).await;
     }
@@ -329,7 +300,7 @@ async fn an_existing_quorum_queue_with_its_own_limits_is_accepted_without_declar
     broker.bind(&dlq, &dlx, &dlq).await;
     broker.publish("", &inbound, b"waiting", routed(0)).await;
 
-    let toml = quorum_seed_toml(&p, "nack", "declare = false\n");
+    let toml = quorum_seed(&p, "nack").inbound("declare", false).toml();
     let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
     broker
         .await_count(&format!("{p}.service"), 1, DEFAULT_TIMEOUT)
@@ -364,7 +335,7 @@ async fn a_queue_of_the_other_type_is_a_startup_error_naming_the_fix() {
         .await;
     broker.publish("", &inbound, b"one", routed(1)).await;
     broker.publish("", &inbound, b"two", routed(2)).await;
-    let classic = quorum_seed_toml(&p, "nack", "").replacen("queue_type = \"quorum\"\n", "", 1);
+    let classic = quorum_destinations(&p, "nack").toml();
     let message = topology_error(&classic).await;
     assert_eq!(
         message,
@@ -382,7 +353,9 @@ async fn a_queue_of_the_other_type_is_a_startup_error_naming_the_fix() {
 
     // An empty classic queue, configured as quorum, with declare = false.
     broker.declare_queue(&inbound).await;
-    let toml = quorum_seed_toml(&p, "republish", "declare = false\n");
+    let toml = quorum_seed(&p, "republish")
+        .inbound("declare", false)
+        .toml();
     let message = topology_error(&toml).await;
     assert!(
         message.starts_with(&format!(
@@ -424,7 +397,9 @@ async fn a_policy_can_set_the_dead_letter_exchange_of_a_quorum_inbound_queue() {
     ])
     .await;
 
-    let toml = quorum_seed_toml(&p, "nack", "dead_letter_by_policy = true\n");
+    let toml = quorum_seed(&p, "nack")
+        .inbound("dead_letter_by_policy", true)
+        .toml();
     let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
     // Declared without dead-letter arguments: the policy is in charge.
     assert_quorum(&broker, &inbound, Vec::new()).await;
@@ -451,7 +426,7 @@ async fn without_the_policy_flag_a_quorum_queue_lacking_dead_letter_arguments_is
     broker
         .declare_queue_with(&inbound, field_table([quorum()]))
         .await;
-    let message = topology_error(&quorum_seed_toml(&p, "nack", "")).await;
+    let message = topology_error(&quorum_seed(&p, "nack").toml()).await;
     assert!(
         message.starts_with(&format!(
             "inbound.queue \"{inbound}\" on broker \"main\" has x-dead-letter-exchange = none \

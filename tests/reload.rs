@@ -10,7 +10,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
-use support::harness::{InProcess, Process, base_toml, endpoint_toml, wait_consumers};
+use support::config::{Branch, Endpoint, Filter, Forwarder, Value};
+use support::harness::{InProcess, Process, wait_consumers};
 use support::{
     BULK_TIMEOUT, DEFAULT_TIMEOUT, Metrics, TestBroker, delete_all_with_prefix, unique_prefix,
     wait_until,
@@ -20,20 +21,17 @@ use switchyard::reload::Reload;
 use tokio::sync::mpsc;
 
 /// Every message to the one endpoint `endpoint`, which publishes to queue
-/// `<p>.<queue>`; `top` is the inbound, dead-letter and broker sections.
-fn to_queue(p: &str, top: &str, endpoint: &str, queue: &str) -> String {
-    format!(
-        r#"{top}{endpoint_table}
-[filters.all]
-type = "match_all"
+/// `<p>.<queue>` on broker "main"; dead letters by `nack`.
+fn to_queue(p: &str, endpoint: &str, queue: &str) -> Forwarder {
+    to_queue_on(p, "main", endpoint, queue)
+}
 
-[[filter_table]]
-name = "all"
-filter = "all"
-endpoint = "{endpoint}"
-"#,
-        endpoint_table = endpoint_toml(endpoint, "main", &format!("{p}.{queue}"), true, ""),
-    )
+/// [`to_queue`] with the endpoint on broker `broker`.
+fn to_queue_on(p: &str, broker: &str, endpoint: &str, queue: &str) -> Forwarder {
+    Forwarder::new(p)
+        .endpoint(Endpoint::queue(endpoint, &format!("{p}.{queue}")).on(broker))
+        .filter("all", Filter::match_all())
+        .branch(Branch::new("all", "all", endpoint))
 }
 
 fn settings(toml: &str) -> Reload {
@@ -79,10 +77,9 @@ fn seqs(messages: &[support::Message]) -> Vec<u64> {
 async fn routing_switched_five_times_under_load_routes_each_message_by_its_consume_time_table() {
     let p = unique_prefix("reload-load");
     let broker = TestBroker::connect(&p).await;
-    let top = base_toml(&p, "nack");
     // Each configuration knows only its own endpoint: a switch adds one and removes the other.
-    let to_a = to_queue(&p, &top, "a", "a");
-    let to_b = to_queue(&p, &top, "b", "b");
+    let to_a = to_queue(&p, "a", "a").toml();
+    let to_b = to_queue(&p, "b", "b").toml();
     let (forwarder, reloads) = start_reloadable(&to_a);
     let inbound = format!("{p}.in");
     wait_consumers(&broker, &inbound, 1).await;
@@ -166,8 +163,7 @@ async fn routing_switched_five_times_under_load_routes_each_message_by_its_consu
 async fn a_reload_changes_an_endpoints_routing_key() {
     let p = unique_prefix("reload-key");
     let broker = TestBroker::connect(&p).await;
-    let top = base_toml(&p, "nack");
-    let (forwarder, reloads) = start_reloadable(&to_queue(&p, &top, "svc", "one"));
+    let (forwarder, reloads) = start_reloadable(&to_queue(&p, "svc", "one").toml());
     let inbound = format!("{p}.in");
     wait_consumers(&broker, &inbound, 1).await;
     broker
@@ -178,7 +174,7 @@ async fn a_reload_changes_an_endpoints_routing_key() {
         .await;
 
     reloads
-        .send(settings(&to_queue(&p, &top, "svc", "two")))
+        .send(settings(&to_queue(&p, "svc", "two").toml()))
         .await
         .unwrap();
     wait_generation(&forwarder, 2).await;
@@ -203,18 +199,14 @@ async fn a_reload_changes_an_endpoints_routing_key() {
 async fn an_invalid_reload_leaves_routing_and_generation_untouched() {
     let p = unique_prefix("reload-invalid");
     let broker = TestBroker::connect(&p).await;
-    let top = base_toml(&p, "nack");
-    let original = to_queue(&p, &top, "svc", "one");
+    let original = to_queue(&p, "svc", "one").toml();
     let (forwarder, reloads) = start_reloadable(&original);
     let inbound = format!("{p}.in");
     wait_consumers(&broker, &inbound, 1).await;
     wait_generation(&forwarder, 1).await;
 
     // Routes to queue two, but names a broker that does not exist.
-    let invalid = to_queue(&p, &top, "svc", "two").replace(
-        "[endpoints.svc]\nbroker = \"main\"",
-        "[endpoints.svc]\nbroker = \"nowhere\"",
-    );
+    let invalid = to_queue_on(&p, "nowhere", "svc", "two").toml();
     let rejected = settings(&invalid);
     let error = rejected.as_ref().map(|_| ()).unwrap_err().to_string();
     assert!(error.contains("endpoints.svc.broker"), "{error}");
@@ -243,9 +235,8 @@ async fn an_invalid_reload_leaves_routing_and_generation_untouched() {
 async fn an_inbound_change_moves_the_consumer_without_losing_or_repeating_a_message() {
     let p = unique_prefix("reload-inbound");
     let broker = TestBroker::connect(&p).await;
-    let top = base_toml(&p, "nack");
-    let config = to_queue(&p, &top, "svc", "out");
-    let (forwarder, reloads) = start_reloadable(&config);
+    let config = to_queue(&p, "svc", "out");
+    let (forwarder, reloads) = start_reloadable(&config.toml());
     let (old_in, new_in) = (format!("{p}.in"), format!("{p}.in2"));
     wait_consumers(&broker, &old_in, 1).await;
     let count = 300u32;
@@ -258,11 +249,9 @@ async fn an_inbound_change_moves_the_consumer_without_losing_or_repeating_a_mess
         )
         .await;
     let moved = config
-        .replace(
-            &format!("queue = \"{old_in}\""),
-            &format!("queue = \"{new_in}\""),
-        )
-        .replace("prefetch = 500", "prefetch = 7");
+        .inbound("queue", &new_in)
+        .inbound("prefetch", 7)
+        .toml();
     reloads.send(settings(&moved)).await.unwrap();
     wait_generation(&forwarder, 2).await;
     wait_consumers(&broker, &new_in, 1).await;
@@ -331,7 +320,7 @@ fn save_by_rename(process: &Process, toml: &str) {
 async fn the_binary_reloads_on_sighup_even_before_it_consumes_and_never_exits() {
     let p = unique_prefix("reload-hup");
     let broker = TestBroker::connect(&p).await;
-    let toml = to_queue(&p, &base_toml(&p, "nack"), "svc", "one");
+    let toml = to_queue(&p, "svc", "one").toml();
     let mut process = Process::spawn(&p, &toml);
     // Caught from before the startup summary, so before anything is live.
     wait_log(&mut process, &["starting"], 1).await;
@@ -369,8 +358,7 @@ async fn the_binary_reloads_on_sighup_even_before_it_consumes_and_never_exits() 
 async fn the_binary_reloads_a_file_renamed_over_its_configuration_and_rejects_an_invalid_one() {
     let p = unique_prefix("reload-file");
     let broker = TestBroker::connect(&p).await;
-    let top = base_toml(&p, "nack");
-    let mut process = Process::spawn(&p, &to_queue(&p, &top, "svc", "one"));
+    let mut process = Process::spawn(&p, &to_queue(&p, "svc", "one").toml());
     let inbound = format!("{p}.in");
     wait_consumers(&broker, &inbound, 1).await;
     broker
@@ -380,7 +368,7 @@ async fn the_binary_reloads_a_file_renamed_over_its_configuration_and_rejects_an
         .await_count(&format!("{p}.one"), 1, DEFAULT_TIMEOUT)
         .await;
 
-    save_by_rename(&process, &to_queue(&p, &top, "svc", "two"));
+    save_by_rename(&process, &to_queue(&p, "svc", "two").toml());
     wait_log(
         &mut process,
         &["routing configuration live", "generation=2"],
@@ -395,7 +383,7 @@ async fn the_binary_reloads_a_file_renamed_over_its_configuration_and_rejects_an
         .await;
 
     // Routes to queue three, but with a prefetch out of range.
-    let invalid = to_queue(&p, &top, "svc", "three").replace("prefetch = 500", "prefetch = 0");
+    let invalid = to_queue(&p, "svc", "three").inbound("prefetch", 0).toml();
     save_by_rename(&process, &invalid);
     wait_log(
         &mut process,
@@ -428,16 +416,10 @@ async fn connected(name: &str) -> bool {
 async fn a_reload_connects_an_added_broker_and_closes_a_removed_one() {
     let p = unique_prefix("reload-brokers");
     let broker = TestBroker::connect(&p).await;
-    let top = base_toml(&p, "nack");
     let on_broker = |name: &str, queue: &str| {
-        format!(
-            "{}\n[brokers.{name}]\nuri = \"{}\"\n",
-            to_queue(&p, &top, "svc", queue).replace(
-                "[endpoints.svc]\nbroker = \"main\"",
-                &format!("[endpoints.svc]\nbroker = \"{name}\""),
-            ),
-            support::amqp_url()
-        )
+        to_queue_on(&p, name, "svc", queue)
+            .broker(name, &support::amqp_url())
+            .toml()
     };
     let (forwarder, reloads) = start_reloadable(&on_broker("old", "one"));
     let inbound = format!("{p}.in");
@@ -488,10 +470,16 @@ async fn open_sessions_finish_under_their_settings_across_a_reload() {
     let broker = TestBroker::connect(&p).await;
     let inbound = format!("{p}.in");
     let queue = format!("{p}.one");
-    let plain = to_queue(&p, &base_toml(&p, "nack"), "svc", "one");
-    let with =
-        |extra: &str| format!("{plain}\n[sessions]\nenabled = true\nmax_open = 4\n{extra}\n");
-    let (forwarder, reloads) = start_reloadable(&with(""));
+    let plain = to_queue(&p, "svc", "one");
+    // Sessions on with four slots, by the default id header or by `id_header`.
+    let with = |id_header: Option<&str>| {
+        let mut keys = vec![("max_open", Value::from(4))];
+        if let Some(header) = id_header {
+            keys.push(("id_header", header.into()));
+        }
+        plain.clone().sessions(&keys).toml()
+    };
+    let (forwarder, reloads) = start_reloadable(&with(None));
     wait_consumers(&broker, &inbound, 1).await;
     let message = |session: &str, seq: u32, end: bool| {
         let mut headers = vec![("session-id", support::amqp_str(session))];
@@ -503,10 +491,7 @@ async fn open_sessions_finish_under_their_settings_across_a_reload() {
             .with_headers(support::field_table(headers));
         (format!("{session}/{seq}"), props)
     };
-    for (session, reload) in [
-        ("off", plain.clone()),
-        ("renamed", with("id_header = \"sid\"")),
-    ] {
+    for (session, reload) in [("off", plain.toml()), ("renamed", with(Some("sid")))] {
         for seq in 0..2 {
             let (body, props) = message(session, seq, false);
             broker.publish("", &inbound, body.as_bytes(), props).await;
@@ -553,7 +538,7 @@ async fn open_sessions_finish_under_their_settings_across_a_reload() {
         assert_eq!(broker.queue_len(&format!("{p}.dlq")).await, 0);
         // Back to sessions on, by the original header, for the next round.
         let before = generation(&forwarder).unwrap_or_default() as u32;
-        let _ = reloads.send(settings(&with(""))).await;
+        let _ = reloads.send(settings(&with(None))).await;
         wait_generation(&forwarder, before + 1).await;
     }
     forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));

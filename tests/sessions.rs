@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable};
-use support::harness::{InProcess, Process, endpoint_toml, seed_toml, top_toml, wait_consumers};
+use support::config::{Branch, Endpoint, Filter, Forwarder};
+use support::harness::{InProcess, Process, wait_consumers};
 use support::sessions::*;
 use support::{
     BULK_TIMEOUT, DEFAULT_TIMEOUT, Message, Metrics, TestBroker, array_names,
@@ -161,8 +162,11 @@ async fn sessions_stay_whole_and_in_order_when_the_primary_disappears_mid_sessio
     let broker = TestBroker::connect(&p).await;
     let inbound = format!("{p}.in");
     let primary = format!("{p}.service");
-    let toml = seed_toml(&p, &top_toml(&p, "republish", 5000, 500))
-        + &sessions_toml("max_open = 8\nmax_messages = 16");
+    let toml = Forwarder::new(&p)
+        .mode("republish")
+        .seed(&p)
+        .sessions(&[("max_open", 8.into()), ("max_messages", 16.into())])
+        .toml();
     let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
 
     // Even sessions have string ids, odd ones numeric ids. The end header
@@ -427,7 +431,9 @@ async fn an_exhausted_branch_dead_letters_the_whole_session_in_order() {
     let primary = format!("{p}.primary");
     let dlq = format!("{p}.dlq");
     // The backup's queue never exists: once the primary is gone, the list is exhausted.
-    let toml = session_branch_toml(&p, false) + &sessions_toml("max_open = 4");
+    let toml = session_branch(&p, false)
+        .sessions(&[("max_open", 4.into())])
+        .toml();
     let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
 
     let x = Session::named("order-77");
@@ -489,9 +495,10 @@ async fn a_refused_message_dead_letters_its_whole_session_with_the_screens_reaso
     let inbound = format!("{p}.in");
     let primary = format!("{p}.primary");
     let dlq = format!("{p}.dlq");
-    let toml = session_branch_toml(&p, true)
-        .replace("prefetch = 500", "prefetch = 500\nmax_hops = 3")
-        + &sessions_toml("max_open = 4");
+    let toml = session_branch(&p, true)
+        .inbound("max_hops", 3)
+        .sessions(&[("max_open", 4.into())])
+        .toml();
     let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
 
     let s = Session::named("looped");
@@ -540,10 +547,13 @@ async fn idle_oversized_and_late_messages_are_dead_lettered_with_their_reason() 
     let inbound = format!("{p}.in");
     let service = format!("{p}.primary");
     let dlq = format!("{p}.dlq");
-    let toml = session_branch_toml(&p, true)
-        + &sessions_toml(&format!(
-            "idle_timeout_ms = {IDLE_MS}\nmax_messages = 5\nmax_bytes = {MAX_BYTES}"
-        ));
+    let toml = session_branch(&p, true)
+        .sessions(&[
+            ("idle_timeout_ms", IDLE_MS.into()),
+            ("max_messages", 5.into()),
+            ("max_bytes", MAX_BYTES.into()),
+        ])
+        .toml();
     let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
 
     // Idle: three messages and no end. They are forwarded, then after the
@@ -648,7 +658,9 @@ async fn a_new_session_waits_for_a_free_slot_while_other_traffic_flows() {
     let broker = TestBroker::connect(&p).await;
     let inbound = format!("{p}.in");
     let service = format!("{p}.primary");
-    let toml = session_branch_toml(&p, true) + &sessions_toml("max_open = 2");
+    let toml = session_branch(&p, true)
+        .sessions(&[("max_open", 2.into())])
+        .toml();
     let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
     let (a, b, c) = (
         Session::named("a"),
@@ -724,10 +736,14 @@ async fn memory_stays_bounded_with_every_session_slot_full_of_large_messages() {
     let broker = TestBroker::connect(&p).await;
     let inbound = format!("{p}.in");
     let service = format!("{p}.primary");
-    let toml = session_branch_toml(&p, true).replace("prefetch = 500", "prefetch = 1100")
-        + &sessions_toml(&format!(
-            "max_open = {MAX_OPEN}\nmax_messages = 64\nmax_bytes = {MAX_BYTES}"
-        ));
+    let toml = session_branch(&p, true)
+        .inbound("prefetch", 1100)
+        .sessions(&[
+            ("max_open", MAX_OPEN.into()),
+            ("max_messages", 64.into()),
+            ("max_bytes", MAX_BYTES.into()),
+        ])
+        .toml();
     let process = Process::spawn(&p, &toml);
     wait_consumers(&broker, &inbound, 1).await;
     publish(&broker, &inbound, &[independent("warm-up", None)]).await;
@@ -850,8 +866,12 @@ fn check(name: &str, toml: &str) -> (Option<i32>, String, String) {
 fn check_refuses_session_slots_that_could_fill_the_prefetch() {
     let p = "sess-check";
     let with = |prefetch: u32| {
-        seed_toml(p, &top_toml(p, "republish", 5000, prefetch))
-            + &sessions_toml("max_open = 10\nmax_messages = 10")
+        Forwarder::new(p)
+            .mode("republish")
+            .inbound("prefetch", prefetch)
+            .seed(p)
+            .sessions(&[("max_open", 10.into()), ("max_messages", 10.into())])
+            .toml()
     };
 
     // 10 x 10 = 100 >= 100: refused, naming the key and the rule.
@@ -883,50 +903,25 @@ async fn routing_and_round_robin_are_decided_by_the_first_message() {
     let broker = TestBroker::connect(&p).await;
     let inbound = format!("{p}.in");
     let queue = |name: &str| format!("{p}.{name}");
-    let endpoints: String = ["alpha", "beta", "rr0", "rr1", "rr2"]
-        .iter()
-        .map(|e| endpoint_toml(e, "main", &queue(e), true, ""))
-        .collect();
-    let toml = format!(
-        r#"{top}{endpoints}
-[backup_lists]
-pool = ["rr1", "rr2"]
-
-[filters.a]
-type = "header"
-header = "kind"
-equals = "a"
-
-[filters.b]
-type = "header"
-header = "kind"
-equals = "b"
-
-[filters.r]
-type = "header"
-header = "kind"
-equals = "r"
-
-[[filter_table]]
-name = "alpha"
-filter = "a"
-endpoint = "alpha"
-
-[[filter_table]]
-name = "beta"
-filter = "b"
-endpoint = "beta"
-
-[[filter_table]]
-name = "rr"
-filter = "r"
-endpoint = "rr0"
-backup_list = "pool"
-strategy = "round_robin"
-{sessions}"#,
-        top = top_toml(&p, "republish", 5000, 500),
-        sessions = sessions_toml("max_open = 8"),
-    );
+    let kind_is = |value: &str| Filter::header("kind").set("equals", value);
+    let mut config = Forwarder::new(&p).mode("republish");
+    for name in ["alpha", "beta", "rr0", "rr1", "rr2"] {
+        config = config.endpoint(Endpoint::queue(name, &queue(name)));
+    }
+    let toml = config
+        .backup_list("pool", &["rr1", "rr2"])
+        .filter("a", kind_is("a"))
+        .filter("b", kind_is("b"))
+        .filter("r", kind_is("r"))
+        .branch(Branch::new("alpha", "a", "alpha"))
+        .branch(Branch::new("beta", "b", "beta"))
+        .branch(
+            Branch::new("rr", "r", "rr0")
+                .backups("pool")
+                .set("strategy", "round_robin"),
+        )
+        .sessions(&[("max_open", 8.into())])
+        .toml();
     let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
 
     // kind cycles after the first message: a session that starts with "a"
@@ -1041,8 +1036,11 @@ async fn a_sessions_failovers_are_counted_and_its_dead_letters_say_which_branche
         format!("{p}.service.backup"),
         format!("{p}.logging"),
     );
-    let toml = seed_toml(&p, &top_toml(&p, "republish", 5000, 500))
-        + &sessions_toml("max_open = 4\nidle_timeout_ms = 1500");
+    let toml = Forwarder::new(&p)
+        .mode("republish")
+        .seed(&p)
+        .sessions(&[("max_open", 4.into()), ("idle_timeout_ms", 1500.into())])
+        .toml();
     let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
 
     let one = Session::named("one");

@@ -13,12 +13,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lapin::BasicProperties;
-use support::harness::{
-    InProcess, Process, base_toml, consumer_count, endpoint_toml, seed_toml, wait_consumers,
-};
+use support::config::{Branch, Endpoint, Filter, Forwarder};
+use support::harness::{InProcess, Process, consumer_count, wait_consumers};
 use support::{
-    DEFAULT_TIMEOUT, Message, TestBroker, amqp_addr, amqp_str, amqp_url, delete_all_with_prefix,
-    field_table, rabbitmqctl, ready_unacked, unique_prefix, wait_until,
+    DEFAULT_TIMEOUT, Message, TestBroker, amqp_addr, amqp_str, delete_all_with_prefix, field_table,
+    rabbitmqctl, ready_unacked, unique_prefix, wait_until,
 };
 
 /// How many times each body occurs.
@@ -48,25 +47,12 @@ async fn a_deleted_inbound_queue_is_declared_again_and_consumed() {
     let p = unique_prefix("inbound-deleted");
     let broker = TestBroker::connect(&p).await;
     let (inbound, out, dlq) = (format!("{p}.in"), format!("{p}.out"), format!("{p}.dlq"));
-    let toml = format!(
-        r#"{top}{endpoint}
-[filters.orphan]
-type = "header"
-header = "kind"
-equals = "orphan"
-
-[filters.routed]
-type = "not"
-filter = "orphan"
-
-[[filter_table]]
-name = "out"
-filter = "routed"
-endpoint = "out"
-"#,
-        top = base_toml(&p, "nack"),
-        endpoint = endpoint_toml("out", "main", &out, true, ""),
-    );
+    let toml = Forwarder::new(&p)
+        .endpoint(Endpoint::queue("out", &out))
+        .filter("orphan", Filter::header("kind").set("equals", "orphan"))
+        .filter("routed", Filter::not("orphan"))
+        .branch(Branch::new("out", "routed", "out"))
+        .toml();
     let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
     let dead_letter_args = [
         format!("{{\"x-dead-letter-exchange\",\"{p}.dlx\"}}"),
@@ -132,7 +118,7 @@ async fn sighup_never_kills_the_forwarder() {
     let p = unique_prefix("sighup");
     let broker = TestBroker::connect(&p).await;
     let inbound = format!("{p}.in");
-    let mut process = Process::spawn(&p, &seed_toml(&p, &base_toml(&p, "nack")));
+    let mut process = Process::spawn(&p, &Forwarder::new(&p).seed(&p).toml());
     wait_consumers(&broker, &inbound, 1).await;
     const NOTICE: &str = "reloading the configuration";
     for sent in 1..=3 {
@@ -171,7 +157,7 @@ async fn sighup_never_kills_the_forwarder() {
 /// Runs the real binary with `uri` as broker "main" until its log names
 /// `cause`, then stops it with SIGTERM; returns the log.
 async fn refused_run(p: &str, uri: &str, cause: &str) -> String {
-    let toml = seed_toml(p, &base_toml(p, "nack")).replace(&amqp_url(), uri);
+    let toml = Forwarder::at(uri, p).seed(p).toml();
     assert!(toml.contains(uri));
     let mut process = Process::spawn(p, &toml);
     wait_until(
@@ -266,8 +252,9 @@ async fn an_unreachable_broker_is_logged_once_per_attempt() {
             drop(socket);
         }
     });
-    let toml = seed_toml(&p, &base_toml(&p, "nack"))
-        .replace(&amqp_url(), &format!("amqp://guest:guest@{addr}/%2f"));
+    let toml = Forwarder::at(&format!("amqp://guest:guest@{addr}/%2f"), &p)
+        .seed(&p)
+        .toml();
     let mut process = Process::spawn(&p, &toml);
     let logged = |log: &str| log.matches("broker unreachable").count();
     wait_until(
@@ -309,7 +296,7 @@ async fn fail_fast_exits_1_on_a_wrong_password() {
     let p = unique_prefix("fail-fast");
     let password = format!("not-the-password-{}", &p[p.len() - 8..]);
     let uri = format!("amqp://guest:{password}@{}/%2f", amqp_addr());
-    let toml = seed_toml(&p, &base_toml(&p, "nack")).replace(&amqp_url(), &uri);
+    let toml = Forwarder::at(&uri, &p).seed(&p).toml();
     let mut process = Process::spawn_with(&p, &toml, &["--fail-fast"], &[]);
     let code = process.wait_exit(DEFAULT_TIMEOUT).await;
     let log = process.log();

@@ -15,40 +15,27 @@ use lapin::BasicProperties;
 use lapin::options::{BasicConsumeOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Confirmation, ExchangeKind};
-use support::harness::{InProcess, base_toml, consumer_count, endpoint_toml};
+use support::config::{Branch, Endpoint, Filter, Forwarder};
+use support::harness::{InProcess, consumer_count};
 use support::{
     DEFAULT_TIMEOUT, TestBroker, amqp_str, amqp_vhost, delete_all_with_prefix, field_table,
     unique_prefix,
 };
 use switchyard::RunError;
 
-/// One branch for messages with header `route = yes` to queue `<p>.out`;
-/// anything else has no route and is dead-lettered.
-fn one_branch_toml(base: &str, p: &str) -> String {
-    format!(
-        r#"{base}{out}
-[filters.routed]
-type = "header"
-header = "route"
-equals = "yes"
-
-[[filter_table]]
-name = "out"
-filter = "routed"
-endpoint = "out"
-"#,
-        out = endpoint_toml("out", "main", &format!("{p}.out"), true, ""),
-    )
+/// `base` (a [`Forwarder`] for `p`) with one branch for messages with
+/// header `route = yes` to queue `<p>.out`; anything else has no route and
+/// is dead-lettered.
+fn one_branch_toml(base: Forwarder, p: &str) -> String {
+    base.endpoint(Endpoint::queue("out", &format!("{p}.out")))
+        .filter("routed", Filter::header("route").set("equals", "yes"))
+        .branch(Branch::new("out", "routed", "out"))
+        .toml()
 }
 
-/// `base_toml` with `declare = false` under `[inbound]`.
-fn base_without_declare(p: &str, mode: &str) -> String {
-    let base = base_toml(p, mode);
-    assert!(
-        base.contains("prefetch = 500\n"),
-        "base_toml changed shape: {base}"
-    );
-    base.replacen("prefetch = 500\n", "prefetch = 500\ndeclare = false\n", 1)
+/// The forwarder for `p` in `mode` with `declare = false` under `[inbound]`.
+fn base_without_declare(p: &str, mode: &str) -> Forwarder {
+    Forwarder::new(p).mode(mode).inbound("declare", false)
 }
 
 /// The arguments the forwarder declares `<p>.in` with in nack mode.
@@ -102,12 +89,9 @@ async fn inbound_queue_is_declared_with_its_dead_letter_arguments() {
     let p = unique_prefix("topology-declared");
     let broker = TestBroker::connect(&p).await;
     let inbound = format!("{p}.in");
-    let forwarder = InProcess::start_consuming(
-        &one_branch_toml(&base_toml(&p, "nack"), &p),
-        &broker,
-        &inbound,
-    )
-    .await;
+    let forwarder =
+        InProcess::start_consuming(&one_branch_toml(Forwarder::new(&p), &p), &broker, &inbound)
+            .await;
 
     // Redeclaring with the same arguments is accepted; with any other
     // arguments the broker refuses (406 PRECONDITION_FAILED).
@@ -201,7 +185,7 @@ async fn existing_inbound_queue_with_other_arguments_is_a_startup_error() {
     broker.declare_queue(&inbound).await;
     broker.publish("", &inbound, b"waiting", routed()).await;
 
-    let message = topology_error(&one_branch_toml(&base_toml(&p, "nack"), &p)).await;
+    let message = topology_error(&one_branch_toml(Forwarder::new(&p), &p)).await;
     assert_eq!(
         message,
         format!(
@@ -251,8 +235,8 @@ async fn an_existing_queue_keeps_the_arguments_switchyard_does_not_manage() {
     broker.declare_queue_with(&inbound, args.clone()).await;
 
     for toml in [
-        one_branch_toml(&base_toml(&p, "nack"), &p),
-        one_branch_toml(&base_without_declare(&p, "nack"), &p),
+        one_branch_toml(Forwarder::new(&p), &p),
+        one_branch_toml(base_without_declare(&p, "nack"), &p),
     ] {
         broker.publish("", &inbound, b"routed", routed()).await;
         let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
@@ -275,7 +259,7 @@ async fn an_existing_queue_keeps_the_arguments_switchyard_does_not_manage() {
     other_key.insert("x-dead-letter-routing-key".into(), amqp_str("elsewhere"));
     other_key.insert("x-max-length".into(), AMQPValue::LongInt(100_000));
     broker.declare_queue_with(&inbound, other_key).await;
-    let message = topology_error(&one_branch_toml(&base_toml(&p, "nack"), &p)).await;
+    let message = topology_error(&one_branch_toml(Forwarder::new(&p), &p)).await;
     assert!(
         message.starts_with(&format!(
             "inbound.queue \"{inbound}\" on broker \"main\" has x-dead-letter-routing-key = \
@@ -301,7 +285,7 @@ async fn missing_dead_letter_exchange_without_declare_is_a_startup_error() {
         .await;
     broker.publish("", &inbound, b"waiting", routed()).await;
 
-    let message = topology_error(&one_branch_toml(&base_without_declare(&p, "nack"), &p)).await;
+    let message = topology_error(&one_branch_toml(base_without_declare(&p, "nack"), &p)).await;
     for needle in [dlx.as_str(), "does not exist"] {
         assert!(
             message.contains(needle),
@@ -339,7 +323,7 @@ async fn republish_mode_accepts_an_existing_queue_without_dead_letter_arguments(
     broker.declare_queue(&dlq).await;
     broker.bind(&dlq, &format!("{p}.dlx"), &dlq).await;
 
-    let toml = one_branch_toml(&base_without_declare(&p, "republish"), &p);
+    let toml = one_branch_toml(base_without_declare(&p, "republish"), &p);
     let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
 
     broker.publish("", &inbound, b"routed", routed()).await;
@@ -411,22 +395,19 @@ async fn a_dead_letter_exchange_that_routes_nowhere_is_a_startup_error() {
          switchyard declares and binds one"
     );
     for mode in ["nack", "republish"] {
-        let message = topology_error(&one_branch_toml(&base_without_declare(&p, mode), &p)).await;
+        let message = topology_error(&one_branch_toml(base_without_declare(&p, mode), &p)).await;
         assert_eq!(message, expected, "{mode} mode");
     }
     // Declaring everything but the dead-letter queue is no better.
-    let no_dlq = base_toml(&p, "republish").replace(&format!("queue = \"{p}.dlq\"\n"), "");
-    assert_eq!(
-        topology_error(&one_branch_toml(&no_dlq, &p)).await,
-        expected
-    );
+    let no_dlq = Forwarder::new(&p).mode("republish").no_dead_letter_queue();
+    assert_eq!(topology_error(&one_branch_toml(no_dlq, &p)).await, expected);
 
     // Through the default exchange, the routing key must name a queue.
     let default_exchange = base_without_declare(&p, "republish")
-        .replace(&format!("exchange = \"{p}.dlx\"\n"), "exchange = \"\"\n")
-        .replace(&format!("queue = \"{p}.dlq\"\n"), "");
+        .dead_letter("exchange", "")
+        .no_dead_letter_queue();
     assert_eq!(
-        topology_error(&one_branch_toml(&default_exchange, &p)).await,
+        topology_error(&one_branch_toml(default_exchange, &p)).await,
         format!(
             "dead_letter.routing_key \"{p}.dlq\" names no queue on broker \"main\" \
              (dead_letter.exchange is the default exchange): every dead letter would be lost; \
@@ -471,7 +452,7 @@ async fn a_bound_dead_letter_exchange_passes_the_probe_and_keeps_no_probe_messag
         .await
         .unwrap_or_else(|e| panic!("consume {dlq}: {e}"));
     let forwarder = InProcess::start_consuming(
-        &one_branch_toml(&base_without_declare(&p, "nack"), &p),
+        &one_branch_toml(base_without_declare(&p, "nack"), &p),
         &broker,
         &inbound,
     )
@@ -510,7 +491,7 @@ async fn a_bound_dead_letter_exchange_passes_the_probe_and_keeps_no_probe_messag
 
     // Without a consumer the probe expires at once: a restart adds nothing.
     let forwarder = InProcess::start_consuming(
-        &one_branch_toml(&base_without_declare(&p, "nack"), &p),
+        &one_branch_toml(base_without_declare(&p, "nack"), &p),
         &broker,
         &inbound,
     )

@@ -4,7 +4,8 @@
 mod support;
 
 use lapin::BasicProperties;
-use support::harness::{InProcess, base_toml, endpoint_toml};
+use support::config::{Branch, Endpoint, Filter, Forwarder};
+use support::harness::InProcess;
 use support::{
     DEFAULT_TIMEOUT, Message, TestBroker, delete_all_with_prefix, rabbitmqctl, unique_prefix,
 };
@@ -17,28 +18,14 @@ async fn a_branch_on_another_vhost_gets_its_copies() {
     let other_url = format!("amqp://guest:guest@127.0.0.1:5672/{p}");
 
     let broker = TestBroker::connect(&p).await;
-    let toml = format!(
-        r#"{base}
-[brokers.other]
-uri = "{other_url}"
-{local}{remote}
-[filters.all]
-type = "match_all"
-
-[[filter_table]]
-name = "local"
-filter = "all"
-endpoint = "local"
-
-[[filter_table]]
-name = "remote"
-filter = "all"
-endpoint = "remote"
-"#,
-        base = base_toml(&p, "nack"),
-        local = endpoint_toml("local", "main", &format!("{p}.local"), true, ""),
-        remote = endpoint_toml("remote", "other", &format!("{p}.remote"), true, ""),
-    );
+    let toml = Forwarder::new(&p)
+        .broker("other", &other_url)
+        .endpoint(Endpoint::queue("local", &format!("{p}.local")))
+        .endpoint(Endpoint::queue("remote", &format!("{p}.remote")).on("other"))
+        .filter("all", Filter::match_all())
+        .branch(Branch::new("local", "all", "local"))
+        .branch(Branch::new("remote", "all", "remote"))
+        .toml();
     let forwarder = InProcess::start_consuming(&toml, &broker, &format!("{p}.in")).await;
     let bodies: Vec<String> = (0..50).map(|i| format!("v{i:03}")).collect();
     broker

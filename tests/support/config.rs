@@ -84,6 +84,12 @@ impl From<u64> for Value {
     }
 }
 
+impl From<usize> for Value {
+    fn from(n: usize) -> Self {
+        Self::Int(i64::try_from(n).unwrap_or(i64::MAX))
+    }
+}
+
 impl From<i32> for Value {
     fn from(n: i32) -> Self {
         Self::Int(i64::from(n))
@@ -173,6 +179,19 @@ impl Endpoint {
         }
     }
 
+    /// Publishes to exchange `exchange` with routing key `routing_key` on
+    /// broker `main`, declaring nothing.
+    pub fn exchange(name: &str, exchange: &str, routing_key: &str) -> Self {
+        let mut keys = Keys::default();
+        keys.set("broker", "main");
+        keys.set("exchange", exchange);
+        keys.set("routing_key", routing_key);
+        Self {
+            name: name.to_owned(),
+            keys,
+        }
+    }
+
     /// Does not declare its queue.
     pub fn undeclared(mut self) -> Self {
         self.keys.unset("declare_queue");
@@ -250,6 +269,19 @@ impl Filter {
     /// A key: `equals`, `exists`, `regex`, `in`, `namespaces`, ...
     pub fn set(mut self, name: &str, value: impl Into<Value>) -> Self {
         self.keys.set(name, value);
+        self
+    }
+
+    /// Namespace `prefix` for `uri` in the `namespaces` table of an
+    /// `xpath` filter, after any given before.
+    pub fn namespace(mut self, prefix: &str, uri: &str) -> Self {
+        let mut entries = match self.keys.0.iter().find(|(k, _)| k == "namespaces") {
+            Some((_, Value::Table(entries))) => entries.clone(),
+            _ => Vec::new(),
+        };
+        entries.retain(|(k, _)| k != prefix);
+        entries.push((prefix.to_owned(), Value::from(uri)));
+        self.keys.set("namespaces", Value::Table(entries));
         self
     }
 }
@@ -357,6 +389,13 @@ impl Forwarder {
     /// `dead_letter.mode`.
     pub fn mode(self, mode: &str) -> Self {
         self.dead_letter("mode", mode)
+    }
+
+    /// No `dead_letter.queue`: the forwarder declares and binds no
+    /// dead-letter queue (and `dlq` has none to read).
+    pub fn no_dead_letter_queue(mut self) -> Self {
+        self.dead_letter.unset("queue");
+        self
     }
 
     /// Another broker, or `main` at another URI.

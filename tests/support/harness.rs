@@ -104,7 +104,7 @@ pub fn endpoint_toml(name: &str, broker: &str, queue: &str, declare: bool, extra
         endpoint = endpoint.undeclared();
     }
     let table = Forwarder::new("-").endpoint(endpoint).routing_toml();
-    format!("{}{extra}\n", table.trim_end_matches('\n'))
+    format!("{table}{extra}\n")
 }
 
 /// A forwarder running in this process.

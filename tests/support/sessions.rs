@@ -2,7 +2,7 @@
 //! and a sequence number, reading them back grouped by session, and waiting
 //! until an inbound queue has settled everything.
 
-use super::harness::{endpoint_toml, one_branch_toml};
+use super::config::{Branch, Endpoint, Filter, Forwarder};
 use super::{Message, TestBroker, ready_unacked, wait_until};
 use lapin::BasicProperties;
 use lapin::types::AMQPValue;
@@ -16,24 +16,36 @@ pub const END: &str = "session-end";
 pub const SEQ: &str = "seq";
 pub const REPLAY: &str = "x-switchyard-replay";
 
-/// A `[sessions]` section that turns sessions on, with `extra` keys.
+/// A `[sessions]` section that turns sessions on, with `extra` keys as
+/// TOML lines, to append to a configuration's text. (A configuration built
+/// with [`Forwarder`] takes them typed: [`Forwarder::sessions`].)
 pub fn sessions_toml(extra: &str) -> String {
     format!("\n[sessions]\nenabled = true\n{extra}\n")
 }
 
 /// The sessions tests' forwarder without its `[sessions]` section: one
-/// branch in republish mode to endpoint `primary` (queue `{p}.primary`),
-/// then the backup list `["backup"]`, whose queue is `{p}.backup`; with
-/// `backup_exists = false` it is `{p}.missing`, never declared, so the list
-/// is exhausted once the primary fails.
-pub fn session_branch_toml(p: &str, backup_exists: bool) -> String {
+/// branch "service" in republish mode to endpoint `primary` (queue
+/// `{p}.primary`), then the backup list `["backup"]`, whose queue is
+/// `{p}.backup`; with `backup_exists = false` it is `{p}.missing`, never
+/// declared, so the list is exhausted once the primary fails.
+pub fn session_branch(p: &str, backup_exists: bool) -> Forwarder {
     let backup = if backup_exists {
-        endpoint_toml("backup", "main", &format!("{p}.backup"), true, "")
+        Endpoint::queue("backup", &format!("{p}.backup"))
     } else {
-        endpoint_toml("backup", "main", &format!("{p}.missing"), false, "")
+        Endpoint::queue("backup", &format!("{p}.missing")).undeclared()
     };
-    let primary = endpoint_toml("primary", "main", &format!("{p}.primary"), true, "");
-    one_branch_toml(p, "republish", "", &primary, &backup)
+    Forwarder::new(p)
+        .mode("republish")
+        .endpoint(Endpoint::queue("primary", &format!("{p}.primary")))
+        .endpoint(backup)
+        .backup_list("backups", &["backup"])
+        .filter("all", Filter::match_all())
+        .branch(Branch::new("service", "all", "primary").backups("backups"))
+}
+
+/// [`session_branch`] as TOML text.
+pub fn session_branch_toml(p: &str, backup_exists: bool) -> String {
+    session_branch(p, backup_exists).toml()
 }
 
 /// One message to publish: body and properties.
