@@ -252,7 +252,7 @@ fn dispatch(
     receipt: Receipt,
     permit: OwnedSemaphorePermit,
 ) {
-    let telemetry = consumer.telemetry.clone();
+    let telemetry = &consumer.telemetry;
     telemetry.consumed();
     let envelope = Arc::new(envelope);
     let generation = consumer.live.current();
@@ -273,7 +273,10 @@ fn dispatch(
     let in_flight = telemetry.transaction_started();
     let transaction = async move {
         let verdict = match started {
-            Ok(started) => started.finish(receipt.lost()).await.verdict(),
+            Ok(started) => {
+                let outcome = started.finish(&generation.engine, receipt.lost()).await;
+                outcome.verdict()
+            }
             Err(verdict) => verdict,
         };
         generation.settler.settle(&envelope, receipt, verdict).await;

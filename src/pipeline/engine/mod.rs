@@ -75,7 +75,6 @@ impl Engine {
             .collect();
         Started {
             envelope: envelope.clone(),
-            engine: self.clone(),
             branches,
         }
     }
@@ -102,21 +101,17 @@ pub fn route(
 /// A run of one whose first attempts are on the wire.
 pub struct Started {
     envelope: Arc<Envelope>,
-    engine: Engine,
     branches: Vec<(BranchRun, Attempt)>,
 }
 
 impl Started {
-    /// Runs every branch to its outcome. `lost` is cancelled when the
-    /// inbound channel is lost: no new attempt starts after that.
-    pub async fn finish(self, lost: &CancellationToken) -> Outcome {
-        let Started {
-            envelope,
-            engine,
-            branches,
-        } = self;
+    /// Runs every branch to its outcome through `engine` (the one that
+    /// started it). `lost` is cancelled when the inbound channel is lost:
+    /// no new attempt starts after that.
+    pub async fn finish(self, engine: &Engine, lost: &CancellationToken) -> Outcome {
+        let Started { envelope, branches } = self;
         let walk = Walk {
-            engine: &engine,
+            engine,
             lost,
             session: None,
         };

@@ -25,7 +25,7 @@ async fn forward(engine: &Engine, settings: &Settings, message: &Arc<Envelope>) 
     let plans = settings.routing.route(message);
     engine
         .start(message, plans)
-        .finish(&CancellationToken::new())
+        .finish(engine, &CancellationToken::new())
         .await
 }
 
@@ -133,7 +133,8 @@ async fn an_outage_holds_the_message_until_an_endpoint_is_back() {
     let started = engine.start(&message, settings.routing.route(&message));
     let outages = engine.outages().clone();
     let lost = CancellationToken::new();
-    let finished = tokio::spawn(async move { started.finish(&lost).await });
+    let engine_for_task = engine.clone();
+    let finished = tokio::spawn(async move { started.finish(&engine_for_task, &lost).await });
     tokio::time::sleep(Duration::from_secs(600)).await;
     assert!(
         !finished.is_finished(),
@@ -156,7 +157,7 @@ async fn no_attempt_starts_once_the_inbound_channel_is_lost() {
     let started = engine.start(&message, settings.routing.route(&message));
     let lost = CancellationToken::new();
     lost.cancel();
-    let outcome = started.finish(&lost).await;
+    let outcome = started.finish(&engine, &lost).await;
     assert_eq!(
         script.calls(),
         ["a:m1"],
