@@ -416,4 +416,44 @@ mod tests {
         let bare = envelope(None);
         assert_eq!(without_deep_headers(&bare).properties, bare.properties);
     }
+
+    /// A dead-letter copy that keeps failing as a suspect, alone too, is
+    /// retried with the backoff between tries, not in a loop: over ten
+    /// seconds of a paused clock it is tried a handful of times, and the
+    /// original stays unacked.
+    ///
+    /// (Before, a suspect tried alone and failing again was tried again at
+    /// once, without end.)
+    #[tokio::test(start_paused = true)]
+    async fn a_suspect_dead_letter_copy_is_retried_with_a_delay() {
+        use crate::broker::{Settled, SettledLog};
+        use crate::pipeline::outcome::{Barred, Verdict};
+        use crate::pipeline::testkit::{Reply, Script, suspect};
+        let script = Script::new(|_, _| Reply::Fail(suspect()));
+        let endpoint = crate::pipeline::testkit::settings(&["a"], "service", "").endpoints
+            [&"a".to_owned()]
+            .clone();
+        let settler = Settler::new(
+            DeadLetterMode::Republish,
+            Some((script.clone(), endpoint)),
+            "in",
+            Telemetry::new(),
+        );
+        let mut log = SettledLog::default();
+        let message = Arc::new(envelope(None));
+        let receipt = log.receipt(1);
+        let settling = settler.settle(&message, receipt, Verdict::barred(Barred::NoRoute));
+        let timed = tokio::time::timeout(Duration::from_secs(10), settling).await;
+        assert!(timed.is_err(), "still retrying");
+        let tries = script.calls().len();
+        assert!(
+            (4..=30).contains(&tries),
+            "tried {tries} times in 10 s: alone once, then with the backoff"
+        );
+        assert_eq!(
+            log.drain(),
+            [(1, Settled::Requeue)],
+            "never acked while unconfirmed; given up, it goes back to the queue"
+        );
+    }
 }
