@@ -61,6 +61,20 @@ pub(super) struct Common {
     pub(super) telemetry: Telemetry,
 }
 
+impl Common {
+    /// What the generations of a forwarder reporting to `telemetry` share,
+    /// fresh.
+    pub(super) fn new(telemetry: Telemetry) -> Self {
+        Self {
+            health_epoch: Arc::new(watch::Sender::new(0)),
+            publishers_stop: CancellationToken::new(),
+            outages: Outages::default(),
+            background: TaskTracker::new(),
+            telemetry,
+        }
+    }
+}
+
 /// A connector used by one or more generations; when the last of them is
 /// gone its connection is closed (in the background, bounded).
 pub struct Shared(pub(super) Arc<Connector>);
@@ -256,13 +270,7 @@ impl Generation {
         publish: Arc<dyn crate::broker::Publish>,
         telemetry: Telemetry,
     ) -> Self {
-        let common = Common {
-            health_epoch: Arc::new(watch::Sender::new(0)),
-            publishers_stop: CancellationToken::new(),
-            outages: Outages::default(),
-            background: TaskTracker::new(),
-            telemetry: telemetry.clone(),
-        };
+        let common = Common::new(telemetry.clone());
         let mut generation = Self::build(1, settings, None, &common);
         let dead_letters = generation
             .dead_letters

@@ -39,7 +39,6 @@ use crate::broker::{ConnectError, TopologyError, declare_endpoint_queue, prepare
 use crate::config::Settings;
 use crate::reload::Reload;
 use crate::telemetry::Telemetry;
-use engine::Outages;
 use generation::{Common, Generation};
 use live::Live;
 use std::sync::Arc;
@@ -93,13 +92,7 @@ impl Forwarder {
     /// Builds connectors and publisher tasks, all emitting through
     /// `telemetry`; connects lazily.
     pub fn new(settings: Settings, telemetry: Telemetry) -> Self {
-        let common = Common {
-            health_epoch: Arc::new(watch::Sender::new(0)),
-            publishers_stop: CancellationToken::new(),
-            outages: Outages::default(),
-            background: TaskTracker::new(),
-            telemetry: telemetry.clone(),
-        };
+        let common = Common::new(telemetry.clone());
         let tracker = TaskTracker::new();
         let abandon = CancellationToken::new();
         Self {

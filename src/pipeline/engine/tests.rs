@@ -29,6 +29,26 @@ async fn forward(engine: &Engine, settings: &Settings, message: &Arc<Envelope>) 
         .await
 }
 
+/// The branch "service" over endpoints a, b (`extra`: more of its keys),
+/// for a session's run.
+fn session_branch(engine: &Engine, extra: &str) -> BranchRun {
+    let settings = settings(&["a", "b"], "service", extra);
+    let plans = settings.routing.route(&envelope("s-1", &[]));
+    let Some(plan) = plans.into_iter().next() else {
+        panic!("the branch routes every message");
+    };
+    BranchRun::new(plan, engine)
+}
+
+/// A walk of session "s" whose inbound channel is `lost` when cancelled.
+fn session_walk<'a>(engine: &'a Engine, lost: &'a CancellationToken) -> Walk<'a> {
+    Walk {
+        engine,
+        lost,
+        session: Some("s"),
+    }
+}
+
 fn delivered(branch: &str, endpoint: &str) -> BranchOutcome {
     BranchOutcome::Delivered {
         branch: branch.into(),
@@ -179,19 +199,10 @@ async fn a_session_replays_its_confirmed_prefix_to_the_next_endpoint() {
         _ => Reply::Ack,
     });
     let (engine, telemetry) = engine(&script);
-    let settings = settings(&["a", "b"], "service", "");
+    let mut branch = session_branch(&engine, "");
     let mut run: Vec<Arc<Envelope>> = Vec::new();
-    let plans = settings.routing.route(&envelope("s-1", &[]));
-    let mut branch = BranchRun::new(
-        plans.into_iter().next().unwrap_or_else(|| panic!()),
-        &engine,
-    );
     let lost = CancellationToken::new();
-    let walk = Walk {
-        engine: &engine,
-        lost: &lost,
-        session: Some("s"),
-    };
+    let walk = session_walk(&engine, &lost);
     for id in ["s-1", "s-2", "s-3"] {
         run.push(envelope(id, &[]));
         let outcome = branch.deliver(&run, None, &walk).await;
@@ -244,18 +255,9 @@ async fn a_session_back_on_an_endpoint_goes_on_where_it_stopped_there() {
         _ => Reply::Ack,
     });
     let (engine, _) = engine(&script);
-    let settings = settings(&["a", "b"], "service", "outage = \"wait\"");
-    let plans = settings.routing.route(&envelope("s-1", &[]));
-    let mut branch = BranchRun::new(
-        plans.into_iter().next().unwrap_or_else(|| panic!()),
-        &engine,
-    );
+    let mut branch = session_branch(&engine, "outage = \"wait\"");
     let lost = CancellationToken::new();
-    let walk = Walk {
-        engine: &engine,
-        lost: &lost,
-        session: Some("s"),
-    };
+    let walk = session_walk(&engine, &lost);
     let mut run = vec![envelope("s-1", &[])];
     branch.deliver(&run, None, &walk).await;
     run.push(envelope("s-2", &[]));
