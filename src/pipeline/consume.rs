@@ -71,13 +71,13 @@ impl Consumer {
     ) -> Option<InboundChannel> {
         let mut reloads = self.reloads.take();
         let reloads = &mut reloads;
-        let forwarder = &self;
+        let consumer = &self;
         let telemetry = &self.telemetry;
-        let (mut permits, mut prefetch) = permits_for(&forwarder.live.current());
+        let (mut permits, mut prefetch) = permits_for(&consumer.live.current());
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         let mut reopening = false;
         while !shutdown.is_cancelled() {
-            let generation = forwarder.live.current();
+            let generation = consumer.live.current();
             let settings = &generation.settings;
             let queue = &settings.inbound.queue;
             if reopening && settings.inbound.declare {
@@ -114,13 +114,13 @@ impl Consumer {
                         () = shutdown.cancelled() => return None,
                         () = retry => {}
                         reload = next_reload(reloads) => {
-                            if forwarder.live.reload(reload, shutdown).await {
+                            if consumer.live.reload(reload, shutdown).await {
                                 // Transactions of a lost channel end soon; the bound holds meanwhile.
                                 tokio::select! {
                                     () = shutdown.cancelled() => return None,
                                     _ = permits.acquire_many(prefetch) => {}
                                 }
-                                (permits, prefetch) = permits_for(&forwarder.live.current());
+                                (permits, prefetch) = permits_for(&consumer.live.current());
                             }
                         }
                     }
@@ -129,31 +129,31 @@ impl Consumer {
             };
             backoff.reset();
             telemetry.consuming(queue, settings.inbound.prefetch);
-            forwarder.consuming.store(true, Ordering::Relaxed);
+            consumer.consuming.store(true, Ordering::Relaxed);
             drop(generation);
-            let leave = consume_channel(forwarder, reloads, shutdown, &mut inbound, &permits).await;
-            forwarder.consuming.store(false, Ordering::Relaxed);
+            let leave = consume_channel(consumer, reloads, shutdown, &mut inbound, &permits).await;
+            consumer.consuming.store(false, Ordering::Relaxed);
             match leave {
                 Leave::Shutdown => {
                     inbound.stop_consuming().await;
                     // No more messages can come for open sessions: they go back whole.
-                    forwarder.sessions.abandon_all();
+                    consumer.sessions.abandon_all();
                     return Some(inbound);
                 }
                 Leave::Lost => {
                     inbound.mark_lost();
-                    forwarder.live.common.background.spawn(inbound.close());
+                    consumer.live.common.background.spawn(inbound.close());
                 }
                 Leave::Reconfigured => {
                     inbound.stop_consuming().await;
-                    forwarder.sessions.abandon_all();
+                    consumer.sessions.abandon_all();
                     // Every permit back: every transaction of this channel has settled on it.
                     tokio::select! {
                         () = shutdown.cancelled() => return Some(inbound),
                         _ = permits.acquire_many(prefetch) => {}
                     }
                     inbound.close().await;
-                    (permits, prefetch) = permits_for(&forwarder.live.current());
+                    (permits, prefetch) = permits_for(&consumer.live.current());
                     reopening = false;
                 }
             }
@@ -175,7 +175,7 @@ fn permits_for(generation: &Generation) -> (Arc<Semaphore>, u32) {
 /// Consumes from one open channel until shutdown, its loss, or a reload that
 /// needs a new consumer.
 async fn consume_channel(
-    forwarder: &Consumer,
+    consumer: &Consumer,
     reloads: &mut Option<mpsc::Receiver<Reload>>,
     shutdown: &CancellationToken,
     inbound: &mut InboundChannel,
@@ -187,7 +187,7 @@ async fn consume_channel(
     loop {
         let ready = async {
             let permit = permits.clone().acquire_owned().await;
-            forwarder.live.wait_until_publishing().await;
+            consumer.live.wait_until_publishing().await;
             permit
         };
         let reload = next_reload(reloads);
@@ -195,7 +195,7 @@ async fn consume_channel(
             biased;
             () = &mut stopping => return Leave::Shutdown,
             reload = reload => {
-                if forwarder.live.reload(reload, shutdown).await {
+                if consumer.live.reload(reload, shutdown).await {
                     return Leave::Reconfigured;
                 }
                 continue;
@@ -205,20 +205,20 @@ async fn consume_channel(
                 Err(_) => return Leave::Shutdown,
             },
         };
-        let telemetry = &forwarder.telemetry;
-        let queue = || forwarder.live.current().settings.inbound.queue.clone();
+        let telemetry = &consumer.telemetry;
+        let queue = || consumer.live.current().settings.inbound.queue.clone();
         tokio::select! {
             biased;
             () = &mut stopping => return Leave::Shutdown,
             reload = next_reload(reloads) => {
                 drop(permit);
-                if forwarder.live.reload(reload, shutdown).await {
+                if consumer.live.reload(reload, shutdown).await {
                     return Leave::Reconfigured;
                 }
             }
             next = inbound.next() => match next {
                 Some(Ok((envelope, receipt))) => {
-                    dispatch(forwarder, envelope, receipt, permit)
+                    dispatch(consumer, envelope, receipt, permit)
                 }
                 Some(Err(why)) => {
                     telemetry.consumer_lost(&queue(), &why.to_string());
