@@ -526,19 +526,23 @@ impl Telemetry {
     }
 }
 
+/// The value of `series` (name and labels, as rendered) in `text`, the
+/// Prometheus text [`Telemetry::render`] writes; for unit tests.
+#[cfg(test)]
+pub(crate) fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]
 mod tests {
+    use super::sample;
     use super::{Replay, Telemetry};
     use std::time::Duration;
-
-    fn sample(text: &str, series: &str) -> Option<f64> {
-        text.lines()
-            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-    }
 
     #[test]
     fn every_spec_metric_is_exposed_from_the_start() {

@@ -9,7 +9,7 @@ use crate::config::Settings;
 use crate::envelope::Envelope;
 use crate::pipeline::outcome::{BranchOutcome, Outcome};
 use crate::pipeline::testkit::{Reply, Script, envelope, settings, suspect, unreachable};
-use crate::telemetry::Telemetry;
+use crate::telemetry::{Telemetry, sample};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -54,11 +54,6 @@ fn delivered(branch: &str, endpoint: &str) -> BranchOutcome {
         branch: branch.into(),
         endpoint: endpoint.to_owned(),
     }
-}
-
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
 }
 
 #[tokio::test(start_paused = true)]

@@ -9,7 +9,7 @@ use crate::broker::{PublishFailure, Settled, SettledLog};
 use crate::config::Settings;
 use crate::pipeline::generation::Generation;
 use crate::pipeline::testkit::{Call, Reply, Script, envelope, load, settings, settings_toml};
-use crate::telemetry::Telemetry;
+use crate::telemetry::{Telemetry, sample};
 use crate::wire;
 use std::sync::Arc;
 use std::time::Duration;
@@ -94,11 +94,7 @@ impl Bench {
 
     fn dead_lettered(&self, reason: &str) -> f64 {
         let series = format!(r#"switchyard_dead_lettered_total{{reason="{reason}"}}"#);
-        self.telemetry
-            .render()
-            .lines()
-            .find_map(|l| l.strip_prefix(&series)?.trim().parse().ok())
-            .unwrap_or(0.0)
+        sample(&self.telemetry.render(), &series).unwrap_or(0.0)
     }
 }
 
