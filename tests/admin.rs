@@ -103,7 +103,9 @@ fn two_branches(p: &str, flaky_uri: &str) -> String {
         .filter("stray", Filter::header("kind").set("equals", "stray"))
         .filter("routed", Filter::not("stray"))
         .branch(Branch::new("service", "routed", "primary").backups("service_backups"))
-        .branch(Branch::new("audit", "routed", "audit"))
+        // An outage dead-letters this branch's messages rather than
+        // holding them (the default), so the test sees an exhausted list.
+        .branch(Branch::new("audit", "routed", "audit").set("outage", "dead_letter"))
         .toml()
 }
 
@@ -213,7 +215,7 @@ async fn the_admin_endpoint_follows_forwarding_failover_dead_letters_and_health(
     broker.await_count(&backup, 5, DEFAULT_TIMEOUT).await;
     broker.await_count(&dlq, 5, DEFAULT_TIMEOUT).await;
     let m = metrics_until(addr, "five dead letters and both endpoints down", |m| {
-        m.value(DEAD, &[("reason", "exhausted")]) == 5.0
+        m.value(DEAD, &[("reason", "outage")]) == 5.0
             && m.value(UP, &[("endpoint", "primary")]) == 0.0
             && m.value(UP, &[("endpoint", "audit")]) == 0.0
     })
@@ -269,7 +271,7 @@ async fn the_admin_endpoint_follows_forwarding_failover_dead_letters_and_health(
     })
     .await;
     assert_eq!(m.get("switchyard_messages_consumed_total", &[]), Some(19.0));
-    assert_eq!(m.get(DEAD, &[("reason", "exhausted")]), Some(5.0));
+    assert_eq!(m.get(DEAD, &[("reason", "outage")]), Some(5.0));
     assert!(m.value("switchyard_confirm_seconds_count", &[]) >= 31.0);
 
     forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));

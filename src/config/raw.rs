@@ -144,7 +144,10 @@ fn default_dead_letter_mode() -> String {
 #[serde(deny_unknown_fields)]
 pub struct RawBroker {
     /// `amqp://` or `amqps://` URI, credentials included.
-    pub uri: String,
+    pub uri: Option<String>,
+    /// Instead of `uri`: a cluster's nodes, in order of preference, all with
+    /// the same vhost and user.
+    pub uris: Option<Vec<String>>,
     /// `amqps://` only: a PEM file of CA certificates trusted to sign the
     /// broker's certificate, in addition to the system's roots. Relative to
     /// the configuration file's directory.
@@ -460,16 +463,18 @@ pub struct RawFilterEntry {
     /// message's `x-switchyard-only` does not name it.
     #[serde(default)]
     pub required: bool,
-    /// `"dead_letter"` (default): when every endpoint of the list has failed,
-    /// the message is dead-lettered. `"wait"`: while every endpoint is
-    /// unreachable at the connection level, messages are held (unacked,
-    /// consuming paused) instead.
+    /// `"wait"` (default): a message whose list an outage exhausted
+    /// (brokers unreachable, lost, stalled, or refusing the forwarder's
+    /// user) is held, unacked with consuming paused, until an endpoint
+    /// works again. `"dead_letter"`: it is dead-lettered (reason `outage`).
     #[serde(default = "default_outage")]
     pub outage: String,
+    /// With `outage = "dead_letter"`: hold for this long first.
+    pub outage_timeout_ms: Option<u64>,
 }
 
 fn default_outage() -> String {
-    "dead_letter".to_owned()
+    "wait".to_owned()
 }
 
 fn default_strategy() -> String {

@@ -118,7 +118,8 @@ fn new_keys_are_read() {
         )
         .replace(
             "backup_list = \"backups\"",
-            "backup_list = \"backups\"\nrequired = true\noutage = \"wait\"",
+            "backup_list = \"backups\"\nrequired = true\noutage = \"dead_letter\"\n\
+             outage_timeout_ms = 30000",
         ) + "\n[sessions]\nclosed_ttl_ms = 5000\n";
     let settings = load_str(&toml, "test.toml").unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(settings.inbound.queue_type, QueueType::Quorum);
@@ -135,7 +136,7 @@ fn new_keys_are_read() {
     );
     let summary = settings.routing.summary();
     assert!(
-        summary.contains("[failover, required, outage wait]"),
+        summary.contains("[failover, required, outage dead_letter after 30000 ms]"),
         "{summary}"
     );
     assert_eq!(settings.sessions, None, "sessions stay off unless enabled");
@@ -168,7 +169,25 @@ fn sessions_are_compiled_when_enabled() {
 }
 
 #[test]
-fn filter_table_entries_default_to_optional_and_dead_letter() {
+fn a_cluster_is_its_nodes_in_order_of_preference() {
+    let toml = BASE.replace(
+        "uri = \"amqp://guest:secret@127.0.0.1:5672/%2f\"",
+        "uris = [\"amqp://guest:secret@rabbit-1/%2f\", \"amqp://guest:secret@rabbit-2:5673/%2f\"]",
+    );
+    let settings = load_str(&toml, "test.toml").unwrap_or_else(|e| panic!("{e}"));
+    let main = &settings.brokers["main"];
+    assert_eq!(main.nodes(), 2);
+    assert_eq!(main.node(), "rabbit-1:5672");
+    assert_eq!(main.node_of(1), "rabbit-2:5673");
+    assert_eq!(
+        main.redacted_uri(),
+        "amqp://guest:***@rabbit-1/%2f, amqp://guest:***@rabbit-2:5673/%2f"
+    );
+    assert_eq!(main.uri_key(), "uris");
+}
+
+#[test]
+fn filter_table_entries_default_to_optional_and_holding_through_outages() {
     let settings = load_str(BASE, "test.toml").unwrap_or_else(|e| panic!("{e}"));
     let summary = settings.routing.summary();
     assert!(summary.contains("[failover]"), "{summary}");
@@ -182,7 +201,7 @@ fn filter_table_entries_default_to_optional_and_dead_letter() {
     };
     let plans = settings.routing.route(&envelope);
     assert_eq!(plans.len(), 1);
-    assert_eq!(plans[0].outage, Outage::DeadLetter);
+    assert_eq!(plans[0].outage, Outage::Wait, "an outage holds by default");
 }
 
 #[test]
@@ -469,6 +488,56 @@ fn invalid_configurations_fail_with_their_exact_error() {
                 "backup_list = \"backups\"\noutage = \"hold\"",
             ),
             "test.toml: filter_table[0].outage: unknown outage \"hold\" (expected \"dead_letter\" or \"wait\")",
+        ),
+        (
+            BASE.replace(
+                "uri = \"amqp://guest:secret@127.0.0.1:5672/%2f\"",
+                "uri = \"amqp://guest:secret@127.0.0.1:5672/%2f\"\nuris = [\"amqp://guest:secret@h2/%2f\"]",
+            ),
+            "test.toml: brokers.main.uris: give either uri (one node) or uris (a cluster's nodes), not both",
+        ),
+        (
+            BASE.replace("uri = \"amqp://guest:secret@127.0.0.1:5672/%2f\"", ""),
+            "test.toml: brokers.main.uri: missing; give uri (one node) or uris (a cluster's nodes, preferred first)",
+        ),
+        (
+            BASE.replace("uri = \"amqp://guest:secret@127.0.0.1:5672/%2f\"", "uris = []"),
+            "test.toml: brokers.main.uris: is empty; list the cluster's nodes, preferred first",
+        ),
+        (
+            BASE.replace(
+                "uri = \"amqp://guest:secret@127.0.0.1:5672/%2f\"",
+                "uris = [\"amqp://guest:secret@h1/prod\", \"amqp://guest:secret@h2/test\"]",
+            ),
+            "test.toml: brokers.main.uris[1]: vhost \"test\" differs from uris[0]'s \"prod\"; the nodes of one broker share vhost, list another cluster as another broker",
+        ),
+        (
+            BASE.replace(
+                "uri = \"amqp://guest:secret@127.0.0.1:5672/%2f\"",
+                "uris = [\"amqp://guest:secret@h1/prod\", \"amqp://other:secret@h2/prod\"]",
+            ),
+            "test.toml: brokers.main.uris[1]: user \"other\" differs from uris[0]'s \"guest\"; the nodes of one broker share user, list another cluster as another broker",
+        ),
+        (
+            BASE.replace(
+                "uri = \"amqp://guest:secret@127.0.0.1:5672/%2f\"",
+                "uris = [\"amqp://guest:secret@h1/prod\", \"http://h2\"]",
+            ),
+            "test.toml: brokers.main.uris[1]: must start with amqp:// or amqps://",
+        ),
+        (
+            BASE.replace(
+                "backup_list = \"backups\"",
+                "backup_list = \"backups\"\noutage_timeout_ms = 5000",
+            ),
+            "test.toml: filter_table[0].outage_timeout_ms: applies only with outage = \"dead_letter\" (\"wait\" holds for as long as the outage lasts)",
+        ),
+        (
+            BASE.replace(
+                "backup_list = \"backups\"",
+                "backup_list = \"backups\"\noutage = \"dead_letter\"\noutage_timeout_ms = 0",
+            ),
+            "test.toml: filter_table[0].outage_timeout_ms: must be at least 1; omit it to dead-letter at once",
         ),
         (
             BASE.replace("routing_key = \"service.backup\"", "routing_key = \"work.in\""),

@@ -68,7 +68,7 @@ impl Common {
         Self {
             health_epoch: Arc::new(watch::Sender::new(0)),
             publishers_stop: CancellationToken::new(),
-            outages: Outages::default(),
+            outages: Outages::new(telemetry.clone()),
             background: TaskTracker::new(),
             telemetry,
         }
@@ -116,13 +116,13 @@ impl Generation {
                 let shared = reusable(name)
                     .and_then(|p| p.publish_connectors.get(name).cloned())
                     .unwrap_or_else(|| {
-                        Arc::new(Shared(Arc::new(Connector::new(
+                        Arc::new(Shared(Connector::new(
                             spec.clone(),
                             &settings.name,
                             Role::Publish,
                             common.background.clone(),
                             telemetry.clone(),
-                        ))))
+                        )))
                     });
                 (name.clone(), shared)
             })
@@ -132,13 +132,13 @@ impl Generation {
             .filter(|p| p.settings.inbound.broker == *inbound_broker)
             .map(|p| p.consume_connector.clone())
             .unwrap_or_else(|| {
-                Arc::new(Shared(Arc::new(Connector::new(
+                Arc::new(Shared(Connector::new(
                     settings.brokers[inbound_broker].clone(),
                     &settings.name,
                     Role::Consume,
                     common.background.clone(),
                     telemetry.clone(),
-                ))))
+                )))
             });
         let publisher = |endpoint: &Arc<Endpoint>, old: Option<&Publisher>| {
             let unchanged = old.filter(|old| {

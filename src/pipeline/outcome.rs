@@ -26,6 +26,17 @@ pub enum BranchOutcome {
         /// The last attempt's failure.
         error: PublishFailure,
     },
+    /// An outage exhausted the list (every endpoint tried failed for a
+    /// reason that says nothing of the message) and the branch's `outage`
+    /// setting dead-letters rather than holds.
+    Outage {
+        /// Branch name.
+        branch: Arc<str>,
+        /// The endpoint that failed last.
+        endpoint: String,
+        /// The last attempt's failure.
+        error: PublishFailure,
+    },
     /// The broker refused the message itself (published alone, or checked
     /// before publishing); no endpoint would take it as it is.
     Rejected {
@@ -56,6 +67,9 @@ pub struct Outcome {
 pub enum Reason {
     /// A branch exhausted its endpoint list.
     Exhausted,
+    /// An outage exhausted a branch's list and its `outage` setting is
+    /// `dead_letter`.
+    Outage,
     /// No filter matched.
     NoRoute,
     /// The destination broker refused the message itself.
@@ -77,8 +91,9 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 9] = [
+    pub const ALL: [Reason; 10] = [
         Self::Exhausted,
+        Self::Outage,
         Self::NoRoute,
         Self::Rejected,
         Self::Poison,
@@ -93,6 +108,7 @@ impl Reason {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Exhausted => "exhausted",
+            Self::Outage => "outage",
             Self::NoRoute => "no-route",
             Self::Rejected => "rejected",
             Self::Poison => "poison",
@@ -208,6 +224,9 @@ pub enum BranchError {
     /// The broker refused the message itself.
     #[error("{0}")]
     Rejected(Refusal),
+    /// An outage exhausted its list; the last attempt's failure.
+    #[error("outage: {0}")]
+    Outage(PublishFailure),
 }
 
 /// Why a message is dead-lettered, typed: what barred it, or the branches
@@ -227,13 +246,14 @@ impl Cause {
         match self {
             Self::Barred(barred) => barred.reason(),
             Self::Branches(failures) => {
-                if failures
-                    .iter()
-                    .any(|f| matches!(f.error, BranchError::Rejected(_)))
-                {
+                // The reason that most needs a person wins.
+                let any = |pick: fn(&BranchError) -> bool| failures.iter().any(|f| pick(&f.error));
+                if any(|e| matches!(e, BranchError::Rejected(_))) {
                     Reason::Rejected
-                } else {
+                } else if any(|e| matches!(e, BranchError::Exhausted(_))) {
                     Reason::Exhausted
+                } else {
+                    Reason::Outage
                 }
             }
         }
@@ -338,6 +358,15 @@ impl Outcome {
                     endpoint,
                     error: BranchError::Rejected(error),
                 }),
+                BranchOutcome::Outage {
+                    branch,
+                    endpoint,
+                    error,
+                } => failures.push(BranchFailure {
+                    branch,
+                    endpoint,
+                    error: BranchError::Outage(error),
+                }),
             }
         }
         let failed = failures.iter().map(|f| f.branch.to_string()).collect();
@@ -406,6 +435,7 @@ mod tests {
     #[test]
     fn reasons_have_their_documented_names() {
         assert_eq!(Reason::Exhausted.as_str(), "exhausted");
+        assert_eq!(Reason::Outage.as_str(), "outage");
         assert_eq!(Reason::NoRoute.as_str(), "no-route");
         assert_eq!(Reason::Malformed.as_str(), "malformed");
         assert_eq!(Reason::Rejected.as_str(), "rejected");

@@ -39,22 +39,28 @@ pub enum Strategy {
     RoundRobin,
 }
 
-/// What a branch does while every endpoint of its list is down.
+/// What a branch does when its list is exhausted by an outage: every
+/// endpoint tried failed because its broker was unreachable, lost, stalled
+/// or refused the forwarder's own user, which says nothing of the message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Outage {
-    /// Dead-letter the message once the list is exhausted.
+    /// Hold the message (unacked, consuming paused) until an endpoint of
+    /// the list works again.
     #[default]
-    DeadLetter,
-    /// Hold messages (unacked, consuming paused) while every endpoint is
-    /// unreachable at the connection level.
     Wait,
+    /// Dead-letter it (reason `outage`): at once, or once it has been held
+    /// for `after`.
+    DeadLetter {
+        /// How long to hold first (`outage_timeout_ms`).
+        after: Option<std::time::Duration>,
+    },
 }
 
 impl Outage {
     /// The configuration spelling.
     pub fn as_str(self) -> &'static str {
         match self {
-            Self::DeadLetter => "dead_letter",
+            Self::DeadLetter { .. } => "dead_letter",
             Self::Wait => "wait",
         }
     }
@@ -92,7 +98,7 @@ impl Branch {
             endpoints: endpoints.into(),
             strategy,
             required: false,
-            outage: Outage::DeadLetter,
+            outage: Outage::Wait,
             next_start: AtomicUsize::new(0),
         }
     }
@@ -248,8 +254,11 @@ impl RoutingTable {
             };
             let required = if b.required { ", required" } else { "" };
             let outage = match b.outage {
-                Outage::DeadLetter => "",
-                Outage::Wait => ", outage wait",
+                Outage::Wait => String::new(),
+                Outage::DeadLetter { after: None } => ", outage dead_letter".to_owned(),
+                Outage::DeadLetter { after: Some(after) } => {
+                    format!(", outage dead_letter after {} ms", after.as_millis())
+                }
             };
             let _ = writeln!(
                 out,
@@ -445,16 +454,14 @@ mod tests {
     #[test]
     fn a_plan_carries_its_branch_outage() {
         let table = RoutingTable::new(vec![
-            branch("held", Filter::MatchAll, 0, &["h"], Strategy::Failover)
-                .with_outage(Outage::Wait),
-            branch("dropped", Filter::MatchAll, 0, &["d"], Strategy::Failover),
+            branch("held", Filter::MatchAll, 0, &["h"], Strategy::Failover),
+            branch("dropped", Filter::MatchAll, 0, &["d"], Strategy::Failover)
+                .with_outage(Outage::DeadLetter { after: None }),
         ]);
         let plans = table.route(&message("k", None));
         let outages: Vec<(&str, Outage)> = plans.iter().map(|p| (&*p.name, p.outage)).collect();
-        assert_eq!(
-            outages,
-            [("held", Outage::Wait), ("dropped", Outage::DeadLetter)]
-        );
+        let dropped = Outage::DeadLetter { after: None };
+        assert_eq!(outages, [("held", Outage::Wait), ("dropped", dropped)]);
         assert_eq!(table.branches[0].outage(), Outage::Wait);
         assert!(!table.branches[0].required());
     }

@@ -37,6 +37,13 @@ pub(super) struct ReasonLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct NodeLabels {
+    pub(super) broker: String,
+    pub(super) role: String,
+    pub(super) node: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub(super) struct EndpointLabels {
     pub(super) endpoint: String,
 }
@@ -91,6 +98,8 @@ pub(super) struct Metrics {
     pub(super) confirm_seconds: Histogram,
     pub(super) in_flight: Gauge,
     pub(super) sessions_open: Gauge,
+    pub(super) outage_holds: Gauge,
+    pub(super) broker_node: Family<NodeLabels, Gauge>,
     pub(super) endpoint_up: Family<EndpointLabels, Gauge>,
     pub(super) config_generation: Gauge,
 }
@@ -108,6 +117,8 @@ impl Metrics {
             confirm_seconds: Histogram::new(CONFIRM_BUCKETS),
             in_flight: Gauge::default(),
             sessions_open: Gauge::default(),
+            outage_holds: Gauge::default(),
+            broker_node: Family::default(),
             endpoint_up: Family::default(),
             config_generation: Gauge::default(),
         };
@@ -157,6 +168,16 @@ impl Metrics {
             "switchyard_sessions_open",
             "Sessions open now",
             metrics.sessions_open.clone(),
+        );
+        r.register(
+            "switchyard_outage_holds",
+            "Branches holding a message for an outage now; consuming pauses while above 0",
+            metrics.outage_holds.clone(),
+        );
+        r.register(
+            "switchyard_broker_node",
+            "1 for the node (host:port as configured) a broker's consuming or publishing connection uses, 0 for its other nodes",
+            metrics.broker_node.clone(),
         );
         r.register(
             "switchyard_endpoint_up",

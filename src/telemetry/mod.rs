@@ -25,7 +25,7 @@
 mod metrics;
 mod sessions;
 
-use metrics::{EndpointLabels, FailoverLabels, Metrics, ReasonLabels};
+use metrics::{EndpointLabels, FailoverLabels, Metrics, NodeLabels, ReasonLabels};
 use std::fmt::Display;
 use std::sync::Arc;
 use std::time::Duration;
@@ -354,6 +354,48 @@ impl Telemetry {
         );
     }
 
+    /// A node of a cluster did not answer; the next one is tried at once.
+    pub fn broker_node_failed(&self, broker: &str, node: &str, uri: &str, error: &str, next: &str) {
+        tracing::warn!(
+            broker,
+            node,
+            uri,
+            error,
+            next,
+            "broker node unreachable; trying the next node"
+        );
+    }
+
+    /// A broker's `role` connection is on node `current` of `nodes` now.
+    pub fn broker_node(&self, broker: &str, role: &str, nodes: &[String], current: usize) {
+        for (i, node) in nodes.iter().enumerate() {
+            self.metrics
+                .broker_node
+                .get_or_create(&NodeLabels {
+                    broker: broker.to_owned(),
+                    role: role.to_owned(),
+                    node: node.clone(),
+                })
+                .set(i64::from(i == current));
+        }
+        if let Some(node) = nodes.get(current) {
+            let preferred = current == 0;
+            tracing::info!(broker, role, node, preferred, "connected");
+        }
+    }
+
+    /// A more preferred node answers again: new work goes there, the old
+    /// connection is closed once its work is done.
+    pub fn broker_returned(&self, broker: &str, role: &str, from: &str, to: &str) {
+        tracing::info!(
+            broker,
+            role,
+            from,
+            node = to,
+            "returning to a more preferred node"
+        );
+    }
+
     /// A broker is reachable again.
     pub fn broker_reconnected(&self, broker: &str, node: &str, uri: &str) {
         tracing::info!(broker, node, uri, "broker reconnected");
@@ -440,6 +482,32 @@ impl Telemetry {
         self.endpoint_gauge(endpoint, false);
     }
 
+    /// The broker refuses the forwarder's own user a publish (403): an
+    /// operator's fix, not the message's fault; messages are held.
+    pub fn publish_refused(
+        &self,
+        endpoint: &str,
+        user: &str,
+        vhost: &str,
+        exchange: &str,
+        error: &dyn Display,
+    ) {
+        let exchange = if exchange.is_empty() {
+            "(default)"
+        } else {
+            exchange
+        };
+        tracing::error!(
+            endpoint,
+            user,
+            vhost,
+            exchange,
+            %error,
+            "the broker refuses the forwarder's user: grant it write permission on the exchange \
+             in the vhost (rabbitmqctl set_permissions); messages are held meanwhile"
+        );
+    }
+
     /// A probe or a publish found a down endpoint working again.
     pub fn endpoint_recovered(&self, endpoint: &str) {
         tracing::info!(endpoint, "endpoint up again; traffic returns to it");
@@ -467,24 +535,50 @@ impl Telemetry {
         tracing::info!(message_id, branch, endpoint, %error, "retrying alone on the same endpoint");
     }
 
-    /// Every endpoint of a branch with `outage = "wait"` is unreachable: the
-    /// message is held and consuming pauses until one recovers.
-    pub fn outage_wait(&self, message_id: &str, branch: &str) {
-        tracing::warn!(
+    /// An outage exhausted a branch's list: the message is held, unacked,
+    /// until an endpoint of the list works again.
+    pub fn outage_hold(&self, message_id: &str, branch: &str, endpoint: &str, error: &dyn Display) {
+        tracing::info!(
             message_id,
             branch,
-            "every endpoint unreachable; holding the message until one recovers"
+            endpoint,
+            %error,
+            "outage: holding the message until an endpoint of its list works again"
         );
     }
 
-    /// A branch that waited out an outage tries its list again.
-    pub fn outage_over(&self, message_id: &str, branch: &str) {
-        tracing::info!(message_id, branch, "outage over; trying the list again");
+    /// A held branch found an endpoint of its list up and tries it again.
+    pub fn outage_retry(&self, message_id: &str, branch: &str) {
+        tracing::debug!(message_id, branch, "outage: trying the list again");
+    }
+
+    /// `holds` branches hold a message for an outage now: the first says
+    /// consuming pauses, the last that it resumes.
+    pub fn outage_holds(&self, holds: usize, before: usize) {
+        self.metrics
+            .outage_holds
+            .set(i64::try_from(holds).unwrap_or(i64::MAX));
+        if before == 0 && holds > 0 {
+            tracing::warn!(
+                "outage: messages held, consuming paused until their endpoints work again"
+            );
+        } else if before > 0 && holds == 0 {
+            tracing::info!("outage over: no message held, consuming resumes");
+        }
     }
 
     /// The inbound consumer was lost and is being reopened.
     pub fn consumer_lost(&self, queue: &str, error: &str) {
         tracing::warn!(queue, error, "inbound consumer lost; reconnecting");
+    }
+
+    /// The consumer's broker connection moved to a more preferred node: the
+    /// consumer stops, lets its messages settle, and consumes there.
+    pub fn consumer_moving(&self, queue: &str) {
+        tracing::info!(
+            queue,
+            "consumer moving to a more preferred node once its messages have settled"
+        );
     }
 
     /// The inbound consumer is (again) consuming.

@@ -48,6 +48,18 @@ impl PublishFailure {
     pub fn is_suspect(&self) -> bool {
         matches!(self, Self::Broker(e) if e.fault() == Fault::Message)
     }
+
+    /// The failure says nothing about the message or the destination: the
+    /// broker could not be reached, the connection was lost, no confirm
+    /// came (the broker stalls), or the broker refuses the forwarder's own
+    /// user. A list exhausted only by these is an outage, held by default.
+    pub fn is_outage(&self) -> bool {
+        match self {
+            Self::Timeout(_) | Self::Unreachable(_) => true,
+            Self::Broker(e) => matches!(e.fault(), Fault::Connection | Fault::Refused),
+            Self::Nacked | Self::Returned { .. } | Self::Rejected(_) | Self::Stopped => false,
+        }
+    }
 }
 
 /// Why a broker refuses one message for what it is.

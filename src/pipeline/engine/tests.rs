@@ -1,13 +1,13 @@
 //! The engine against a scripted stand-in for the endpoints, under a paused
 //! clock: failover order, retries, skipping down endpoints, suspects
-//! retried alone, outage waits, a lost inbound channel, and a session's
+//! retried alone, outage holds and their bound, a lost inbound channel, and a session's
 //! replay on failover.
 
 use super::{BranchRun, Engine, Outages, Walk};
 use crate::broker::{Health, PublishFailure, Refusal};
 use crate::config::Settings;
 use crate::envelope::Envelope;
-use crate::pipeline::outcome::{BranchOutcome, Outcome};
+use crate::pipeline::outcome::{BranchOutcome, Outcome, Reason, Verdict};
 use crate::pipeline::testkit::{Reply, Script, envelope, settings, suspect, unreachable};
 use crate::telemetry::{Telemetry, sample};
 use std::sync::Arc;
@@ -16,7 +16,11 @@ use tokio_util::sync::CancellationToken;
 
 fn engine(script: &Arc<Script>) -> (Engine, Telemetry) {
     let telemetry = Telemetry::new();
-    let engine = Engine::new(script.clone(), Outages::default(), telemetry.clone());
+    let engine = Engine::new(
+        script.clone(),
+        Outages::new(telemetry.clone()),
+        telemetry.clone(),
+    );
     (engine, telemetry)
 }
 
@@ -133,7 +137,7 @@ async fn a_suspect_is_retried_alone_on_the_same_endpoint_and_rejected_there() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn an_outage_holds_the_message_until_an_endpoint_is_back() {
+async fn an_outage_holds_the_message_by_default_until_an_endpoint_is_back() {
     // a refuses at once (its broker in backoff), then takes the message
     // once it is back; b never answers.
     let script = Script::new(|call, earlier| match (call.endpoint.as_str(), earlier) {
@@ -141,7 +145,7 @@ async fn an_outage_holds_the_message_until_an_endpoint_is_back() {
         _ => Reply::After(Duration::from_millis(5), Box::new(Reply::Ack)),
     });
     let (engine, _) = engine(&script);
-    let settings = settings(&["a", "b"], "service", "outage = \"wait\"");
+    let settings = settings(&["a", "b"], "service", "");
     script.set_health("a", Health::Unreachable);
     script.set_health("b", Health::Unreachable);
     let message = envelope("m1", &[]);
@@ -161,6 +165,105 @@ async fn an_outage_holds_the_message_until_an_endpoint_is_back() {
     assert_eq!(outcome.branches, [delivered("service", "a")]);
     assert!(!outages.any());
     assert_eq!(script.calls(), ["a:m1", "b:m1", "a:m1"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stalled_broker_holds_the_message_and_is_tried_again_with_growing_pauses() {
+    // Neither endpoint confirms for a minute; their health still reads up
+    // (as before a publisher notices), so only the pauses stop a busy loop.
+    let script = Script::new(|_, _| Reply::Fail(PublishFailure::Timeout(5000)));
+    let (engine, _) = engine(&script);
+    let settings = settings(&["a", "b"], "service", "");
+    let message = envelope("m1", &[]);
+    let started = engine.start(&message, settings.routing.route(&message));
+    let lost = CancellationToken::new();
+    let engine_for_task = engine.clone();
+    let finished = tokio::spawn(async move { started.finish(&engine_for_task, &lost).await });
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(!finished.is_finished(), "held, not failed");
+    let tries = script.calls().len();
+    // Pauses double from 100 ms to 5 s: some 20 passes of two calls.
+    assert!((4..=60).contains(&tries), "{tries} calls in a minute");
+    finished.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_outage_dead_letter_an_outage_ends_the_branch_at_once_or_after_its_bound() {
+    let script = Script::new(|_, _| Reply::Fail(unreachable()));
+    let (engine, _) = engine(&script);
+    let at_once = settings(&["a", "b"], "service", "outage = \"dead_letter\"");
+    let outcome = forward(&engine, &at_once, &envelope("m1", &[])).await;
+    assert!(
+        matches!(&outcome.branches[..], [BranchOutcome::Outage { endpoint, .. }] if endpoint == "b"),
+        "{outcome:?}"
+    );
+    let bounded = settings(
+        &["a", "b"],
+        "service",
+        "outage = \"dead_letter\"\noutage_timeout_ms = 10000",
+    );
+    let message = envelope("m2", &[]);
+    let started = engine.start(&message, bounded.routing.route(&message));
+    let lost = CancellationToken::new();
+    let engine_for_task = engine.clone();
+    let finished = tokio::spawn(async move { started.finish(&engine_for_task, &lost).await });
+    tokio::time::sleep(Duration::from_millis(9900)).await;
+    assert!(!finished.is_finished(), "held within the bound");
+    assert!(engine.outages().any());
+    let outcome = finished.await.unwrap_or_default();
+    assert!(matches!(
+        &outcome.branches[..],
+        [BranchOutcome::Outage { .. }]
+    ));
+    assert!(!engine.outages().any());
+    let verdict = outcome.verdict();
+    assert!(
+        matches!(&verdict, Verdict::DeadLetter { cause, .. } if cause.reason() == Reason::Outage),
+        "{verdict:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_list_exhausted_by_a_refusal_as_well_as_an_outage_fails() {
+    let script = Script::new(|call, _| match call.endpoint.as_str() {
+        "a" => Reply::Fail(PublishFailure::Nacked),
+        _ => Reply::Fail(unreachable()),
+    });
+    let (engine, _) = engine(&script);
+    let settings = settings(&["a", "b"], "service", "");
+    let outcome = forward(&engine, &settings, &envelope("m1", &[])).await;
+    assert!(
+        matches!(&outcome.branches[..], [BranchOutcome::Failed { .. }]),
+        "the nack says something of the message: {outcome:?}"
+    );
+    assert!(!engine.outages().any());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_held_message_is_abandoned_when_the_inbound_channel_is_lost() {
+    let script = Script::new(|_, _| Reply::Fail(unreachable()));
+    let (engine, _) = engine(&script);
+    script.set_health("a", Health::Unreachable);
+    let settings = settings(&["a"], "service", "");
+    let message = envelope("m1", &[]);
+    let started = engine.start(&message, settings.routing.route(&message));
+    let lost = CancellationToken::new();
+    let cut = {
+        let lost = lost.clone();
+        async move {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            lost.cancel();
+        }
+    };
+    let (outcome, ()) = tokio::join!(started.finish(&engine, &lost), cut);
+    assert_eq!(
+        outcome.branches,
+        [BranchOutcome::Abandoned {
+            branch: "service".into()
+        }],
+        "the broker redelivers it; nothing is dead-lettered"
+    );
+    assert!(!engine.outages().any());
 }
 
 #[tokio::test(start_paused = true)]

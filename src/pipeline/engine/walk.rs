@@ -18,21 +18,27 @@
 //! closed under it in a way one message may have caused is retried alone
 //! on the same endpoint: if it fails alone, the broker refuses that message
 //! itself and the branch ends `Rejected`. Once the inbound channel is lost
-//! (the broker will redeliver) no new attempt is started. A branch with
-//! `outage = "wait"` whose every endpoint is unreachable waits for one to
-//! come back instead of failing.
+//! (the broker will redeliver) no new attempt is started.
+//!
+//! A list exhausted by an outage alone (every failure of the pass says
+//! nothing of the message: unreachable, lost, stalled, or the forwarder's
+//! user refused) is not a failure: with `outage = "wait"` (the default) the
+//! branch holds the message until an endpoint of its list is up again and
+//! walks it again; with `"dead_letter"` it ends `Outage`, at once or after
+//! `outage_timeout_ms` of holding.
 
 use super::Engine;
-use super::outage::all_unreachable;
+use super::outage::{Hold, HoldEnd};
 use crate::amqp::AmqpValue;
 use crate::broker::{Attempt, Health, Mode, PublishFailure};
 use crate::destination::Endpoint;
 use crate::envelope::Envelope;
 use crate::pipeline::outcome::BranchOutcome;
 use crate::routing::{BranchPlan, Outage};
-use crate::telemetry::Replay;
+use crate::telemetry::{Replay, Telemetry};
 use crate::wire;
 use std::sync::Arc;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// Where one branch stands in its run.
@@ -118,14 +124,16 @@ impl BranchRun {
         let message_id = run[newest].message_id();
         let telemetry = &walk.engine.telemetry;
         let mut first = first;
+        let mut hold: Option<Hold> = None;
         loop {
             let mut last_error: Option<(String, PublishFailure)> = None;
+            // Whether every failure of this pass down the list says nothing
+            // of the message (an outage).
+            let mut outage = true;
             while let Some(endpoint) = self.plan.endpoint(self.at).cloned() {
                 for attempt in 0..=endpoint.retries {
                     if first.is_none() && walk.lost.is_cancelled() {
-                        return BranchOutcome::Abandoned {
-                            branch: self.plan.name.clone(),
-                        };
+                        return self.abandoned();
                     }
                     match self.catch_up(&endpoint, run, first.take(), walk).await {
                         Ok(()) => return self.delivered_here(),
@@ -138,10 +146,19 @@ impl BranchRun {
                                 error,
                             };
                         }
-                        Err(error) if attempt < endpoint.retries => {
-                            telemetry.retry(message_id, &self.plan.name, &endpoint.name, &error);
+                        Err(error) => {
+                            outage &= error.is_outage();
+                            if attempt < endpoint.retries {
+                                telemetry.retry(
+                                    message_id,
+                                    &self.plan.name,
+                                    &endpoint.name,
+                                    &error,
+                                );
+                            } else {
+                                last_error = Some((endpoint.name.clone(), error));
+                            }
                         }
-                        Err(error) => last_error = Some((endpoint.name.clone(), error)),
                     }
                 }
                 let next = self.next_endpoint(walk.engine);
@@ -155,29 +172,77 @@ impl BranchRun {
                 }
                 self.move_to(next);
             }
-            let publish = walk.engine.publish.as_ref();
-            if self.plan.outage == Outage::Wait
-                && all_unreachable(publish, &self.plan)
-                && !walk.lost.is_cancelled()
-            {
-                walk.engine
-                    .outages
-                    .wait_for_recovery(publish, &self.plan, message_id, walk.lost, telemetry)
-                    .await;
-                self.move_to(first_usable(walk.engine, &self.plan));
-                continue;
-            }
-            self.failed = true;
             // A compiled list is never empty; `Stopped` stands for "nothing tried".
             let (endpoint, error) =
                 last_error.unwrap_or_else(|| (String::new(), PublishFailure::Stopped));
-            let route = (endpoint.as_str(), None);
-            telemetry.failover(message_id, &self.plan.name, route, &error, None);
-            return BranchOutcome::Failed {
-                branch: self.plan.name.clone(),
-                endpoint,
-                error,
+            if !(outage && error.is_outage()) {
+                self.failed = true;
+                let route = (endpoint.as_str(), None);
+                telemetry.failover(message_id, &self.plan.name, route, &error, None);
+                return BranchOutcome::Failed {
+                    branch: self.plan.name.clone(),
+                    endpoint,
+                    error,
+                };
+            }
+            if walk.lost.is_cancelled() {
+                return self.abandoned();
+            }
+            let deadline = match self.plan.outage {
+                Outage::Wait => None,
+                Outage::DeadLetter { after: None } => {
+                    return self.outage(telemetry, message_id, endpoint, error);
+                }
+                Outage::DeadLetter { after: Some(after) } => {
+                    Some(hold.as_ref().map_or_else(Instant::now, |h| h.since) + after)
+                }
             };
+            let hold = match &mut hold {
+                Some(hold) => hold,
+                None => {
+                    telemetry.outage_hold(message_id, &self.plan.name, &endpoint, &error);
+                    hold.insert(Hold::new())
+                }
+            };
+            let publish = walk.engine.publish.as_ref();
+            let outages = &walk.engine.outages;
+            match outages
+                .hold(publish, &self.plan, hold, walk.lost, deadline)
+                .await
+            {
+                HoldEnd::Recovered => {
+                    telemetry.outage_retry(message_id, &self.plan.name);
+                    self.move_to(first_usable(walk.engine, &self.plan));
+                }
+                HoldEnd::Lost => return self.abandoned(),
+                HoldEnd::Expired => {
+                    return self.outage(telemetry, message_id, endpoint, error);
+                }
+            }
+        }
+    }
+
+    fn abandoned(&self) -> BranchOutcome {
+        BranchOutcome::Abandoned {
+            branch: self.plan.name.clone(),
+        }
+    }
+
+    /// The branch gives up on an outage, as its `outage` setting says.
+    fn outage(
+        &mut self,
+        telemetry: &Telemetry,
+        message_id: &str,
+        endpoint: String,
+        error: PublishFailure,
+    ) -> BranchOutcome {
+        self.failed = true;
+        let route = (endpoint.as_str(), None);
+        telemetry.failover(message_id, &self.plan.name, route, &error, None);
+        BranchOutcome::Outage {
+            branch: self.plan.name.clone(),
+            endpoint,
+            error,
         }
     }
 

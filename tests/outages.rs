@@ -1,0 +1,307 @@
+//! An outage is not a message failure (the default): a broker restarted
+//! twice mid-stream dead-letters nothing, in either dead-letter mode; a
+//! broker that stops answering confirms on every endpoint holds the
+//! messages and delivers them once it answers again; and with
+//! `outage = "dead_letter"` and `outage_timeout_ms` an outage past the
+//! bound dead-letters with reason `outage`.
+
+mod support;
+
+use lapin::BasicProperties;
+use std::collections::BTreeMap;
+use std::time::Duration;
+use support::harness::{
+    InProcess, Process, endpoint_toml, one_branch_toml, seed_toml, top_toml_at,
+};
+use support::node::PrivateNode;
+use support::{
+    DEFAULT_TIMEOUT, FaultProxy, TestBroker, amqp_addr, delete_all_with_prefix, ready_unacked,
+    unique_prefix, wait_until,
+};
+
+const STREAM: u32 = 3000;
+
+fn message(i: u32) -> (String, BasicProperties) {
+    let id = format!("m{i:05}");
+    let props = BasicProperties::default()
+        .with_message_id(id.as_str().into())
+        .with_delivery_mode(2);
+    (id, props)
+}
+
+/// Publishes `m0..m<n>` to `queue` on `url` at a steady pace, each with a
+/// confirm; an unconfirmed one (the broker restarting) is published again
+/// on a new connection: duplicates, never gaps. Returns how many were
+/// published again.
+async fn stream(url: String, queue: String, n: u32) -> u32 {
+    let mut republished = 0;
+    let mut channel: Option<(lapin::Connection, lapin::Channel)> = None;
+    let mut i = 0;
+    while i < n {
+        let Some((connection, ch)) = &channel else {
+            channel = confirm_channel(&url).await;
+            if channel.is_none() {
+                // The broker is down: try again shortly.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            continue;
+        };
+        let (id, props) = message(i);
+        let options = lapin::options::BasicPublishOptions {
+            mandatory: true,
+            ..Default::default()
+        };
+        let sent = async {
+            ch.basic_publish(
+                "".into(),
+                queue.as_str().into(),
+                options,
+                id.as_bytes(),
+                props,
+            )
+            .await?
+            .await
+        };
+        match tokio::time::timeout(Duration::from_secs(10), sent).await {
+            Ok(Ok(confirm)) if confirm.is_ack() => i += 1,
+            _ => {
+                republished += 1;
+                let _ = connection.close(200, "".into()).await;
+                channel = None;
+            }
+        }
+        // The pace: a stream, not a backlog, so the restarts land mid-way.
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    if let Some((connection, _)) = channel {
+        let _ = connection.close(200, "".into()).await;
+    }
+    republished
+}
+
+async fn confirm_channel(url: &str) -> Option<(lapin::Connection, lapin::Channel)> {
+    let properties = lapin::ConnectionProperties::default();
+    let connection = lapin::Connection::connect(url, properties).await.ok()?;
+    let channel = connection.create_channel().await.ok()?;
+    channel
+        .confirm_select(lapin::options::ConfirmSelectOptions::default())
+        .await
+        .ok()?;
+    Some((connection, channel))
+}
+
+/// Message id -> copies, over `queues`.
+async fn tally(broker: &TestBroker, queues: &[String]) -> BTreeMap<String, usize> {
+    let mut seen = BTreeMap::new();
+    for queue in queues {
+        for m in broker.get_all(queue).await {
+            *seen.entry(m.body_str()).or_insert(0) += 1;
+        }
+    }
+    seen
+}
+
+/// The seed scenario on a private node restarted twice (5 s down each)
+/// while a stream of messages flows: every message reaches both branches,
+/// none is dead-lettered.
+async fn restarted_twice(mode: &str) {
+    let node = PrivateNode::start().await;
+    let p = unique_prefix(&format!("outage-restart-{mode}"));
+    let toml = seed_toml(&p, &top_toml_at(&node.amqp_url(), &p, mode, 5000, 200));
+    let inbound = format!("{p}.in");
+    let mut forwarder = Process::spawn(&p, &toml);
+    let admin = TestBroker::connect_to(&node.amqp_url(), &format!("{p}-admin")).await;
+    wait_until("the forwarder consumes", DEFAULT_TIMEOUT, || async {
+        node.ready_unacked(&inbound).await.is_some()
+            && admin
+                .probe_queue(&inbound)
+                .await
+                .is_some_and(|q| q.consumer_count() == 1)
+    })
+    .await;
+    admin.close().await;
+    let publisher = tokio::spawn(stream(node.amqp_url(), inbound.clone(), STREAM));
+    for _ in 0..2 {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        node.stop_app().await;
+        // The outage itself: how long the broker stays down.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        node.start_app().await;
+    }
+    let republished = publisher.await.unwrap_or_default();
+    wait_until(
+        "the inbound queue settles",
+        Duration::from_secs(120),
+        || async { node.ready_unacked(&inbound).await == Some((0, 0)) },
+    )
+    .await;
+    forwarder.signal("TERM");
+    assert_eq!(forwarder.wait_exit(DEFAULT_TIMEOUT).await, Some(0));
+    let broker = TestBroker::connect_to(&node.amqp_url(), &format!("{p}-count")).await;
+    let service = tally(
+        &broker,
+        &[format!("{p}.service"), format!("{p}.service.backup")],
+    )
+    .await;
+    let logging = tally(
+        &broker,
+        &[format!("{p}.logging"), format!("{p}.logging.backup")],
+    )
+    .await;
+    let dead = broker.queue_len(&format!("{p}.dlq")).await;
+    let duplicates = |t: &BTreeMap<String, usize>| t.values().map(|n| n - 1).sum::<usize>();
+    println!(
+        "{mode}: {republished} publishes repeated; service {} ids ({} duplicates), logging {} ids \
+         ({} duplicates), {dead} dead-lettered",
+        service.len(),
+        duplicates(&service),
+        logging.len(),
+        duplicates(&logging),
+    );
+    let log = forwarder.log();
+    assert!(
+        log.contains("broker unreachable") && log.contains("inbound consumer lost"),
+        "the restarts reached the forwarder:\n{log}"
+    );
+    assert_eq!(dead, 0, "an outage dead-letters nothing");
+    for i in 0..STREAM {
+        let (id, _) = message(i);
+        assert!(service.contains_key(&id), "{id} missing from service");
+        assert!(logging.contains_key(&id), "{id} missing from logging");
+    }
+    broker.close().await;
+    node.stop().await;
+}
+
+#[tokio::test]
+async fn a_broker_restarted_twice_mid_stream_dead_letters_nothing_with_nack() {
+    restarted_twice("nack").await;
+}
+
+#[tokio::test]
+async fn a_broker_restarted_twice_mid_stream_dead_letters_nothing_with_republish() {
+    restarted_twice("republish").await;
+}
+
+/// One branch over two endpoints on broker "edge", reached through `proxy`.
+fn behind(p: &str, proxy: &FaultProxy, mode: &str, branch_extra: &str) -> String {
+    let confirm = "confirm_timeout_ms = 500\nprobe_interval_ms = 200";
+    one_branch_toml(
+        p,
+        mode,
+        &format!("\n[brokers.edge]\nuri = \"{}\"\n", proxy.amqp_url()),
+        &endpoint_toml("primary", "edge", &format!("{p}.primary"), true, confirm),
+        &endpoint_toml("backup", "edge", &format!("{p}.backup"), true, confirm),
+    )
+    .replace(
+        "backup_list = \"backups\"\n",
+        &format!("backup_list = \"backups\"\n{branch_extra}"),
+    )
+}
+
+async fn publish_ids(broker: &TestBroker, queue: &str, range: std::ops::Range<u32>) {
+    for i in range {
+        let (id, props) = message(i);
+        broker.publish("", queue, id.as_bytes(), props).await;
+    }
+}
+
+#[tokio::test]
+async fn a_broker_that_stops_confirming_holds_the_messages_then_delivers_them() {
+    let p = unique_prefix("outage-stall");
+    let broker = TestBroker::connect(&p).await;
+    let proxy = FaultProxy::start(amqp_addr()).await;
+    let inbound = format!("{p}.in");
+    let toml = behind(&p, &proxy, "republish", "");
+    let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
+    publish_ids(&broker, &inbound, 0..5).await;
+    broker
+        .await_count(&format!("{p}.primary"), 5, DEFAULT_TIMEOUT)
+        .await;
+
+    // Every endpoint of the list is on the stalled broker: each confirm
+    // times out (500 ms), on the primary and on the backup.
+    proxy.stall();
+    publish_ids(&broker, &inbound, 5..25).await;
+    wait_until("the twenty are held", DEFAULT_TIMEOUT, || async {
+        ready_unacked(&inbound)
+            .await
+            .is_some_and(|(r, u)| r + u >= 20)
+    })
+    .await;
+    let watched = tokio::time::Instant::now();
+    while watched.elapsed() < Duration::from_secs(3) {
+        assert_eq!(
+            broker.queue_len(&format!("{p}.dlq")).await,
+            0,
+            "held, not dead-lettered"
+        );
+        tokio::time::sleep(support::POLL_INTERVAL).await;
+    }
+    let text = forwarder.telemetry().render();
+    assert!(
+        text.contains("switchyard_outage_holds "),
+        "the holds are a metric:\n{text}"
+    );
+
+    proxy.resume();
+    wait_until(
+        "the held messages are delivered",
+        DEFAULT_TIMEOUT,
+        || async { ready_unacked(&inbound).await == Some((0, 0)) },
+    )
+    .await;
+    forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    let copies = tally(&broker, &[format!("{p}.primary"), format!("{p}.backup")]).await;
+    for i in 0..25 {
+        let (id, _) = message(i);
+        assert!(copies.contains_key(&id), "{id} lost");
+    }
+    assert_eq!(broker.queue_len(&format!("{p}.dlq")).await, 0);
+    drop(proxy);
+    delete_all_with_prefix(&p).await;
+}
+
+#[tokio::test]
+async fn with_outage_dead_letter_an_outage_past_its_bound_dead_letters_with_reason_outage() {
+    let p = unique_prefix("outage-bound");
+    let broker = TestBroker::connect(&p).await;
+    let proxy = FaultProxy::start(amqp_addr()).await;
+    let inbound = format!("{p}.in");
+    let toml = behind(
+        &p,
+        &proxy,
+        "republish",
+        "outage = \"dead_letter\"\noutage_timeout_ms = 2000\n",
+    );
+    let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
+    publish_ids(&broker, &inbound, 0..3).await;
+    broker
+        .await_count(&format!("{p}.primary"), 3, DEFAULT_TIMEOUT)
+        .await;
+
+    proxy.refuse(true);
+    proxy.cut();
+    let cut_at = tokio::time::Instant::now();
+    publish_ids(&broker, &inbound, 3..8).await;
+    let dlq = format!("{p}.dlq");
+    broker.await_count(&dlq, 5, DEFAULT_TIMEOUT).await;
+    assert!(
+        cut_at.elapsed() >= Duration::from_millis(1900),
+        "held for the bound first ({:?})",
+        cut_at.elapsed()
+    );
+    forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    let dead = broker.get_all(&dlq).await;
+    assert_eq!(dead.len(), 5);
+    for m in &dead {
+        assert_eq!(
+            m.header_str("x-switchyard-reason").as_deref(),
+            Some("outage"),
+            "{}",
+            m.body_str()
+        );
+    }
+    drop(proxy);
+    delete_all_with_prefix(&p).await;
+}
