@@ -498,3 +498,42 @@ fn a_filter_can_be_overridden_from_the_environment() {
         stderr(&out)
     );
 }
+
+#[test]
+fn a_cluster_nodes_entry_can_be_overridden_from_the_environment() {
+    let config = TempConfig::new(
+        "cli-uris",
+        &repo_config_with(
+            "uri = \"amqp://guest:guest@127.0.0.1:5672/%2f\"",
+            "uris = [\"amqp://guest:guest@127.0.0.1:5672/%2f\", \"amqp://guest:guest@rabbit-2:5672/%2f\"]",
+        ),
+    );
+    let out = run(switchyard()
+        .args(["check", "--config", &config.display()])
+        .env(
+            "SWITCHYARD__BROKERS__MAIN__URIS__1",
+            "amqp://guest:pw@rabbit-3:5673/%2f",
+        ));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains(
+            "main = amqp://guest:***@127.0.0.1:5672/%2f, amqp://guest:***@rabbit-3:5673/%2f"
+        ),
+        "{}",
+        stdout(&out)
+    );
+    let out = run(switchyard()
+        .args(["check", "--config", &config.display()])
+        .env(
+            "SWITCHYARD__BROKERS__MAIN__URIS__1",
+            "amqp://guest:pw@rabbit-3/other",
+        ));
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.contains("SWITCHYARD__BROKERS__MAIN__URIS__1")
+            && err.contains("vhost \"other\" differs from uris[0]'s \"/\"")
+            && !err.contains(":pw@"),
+        "{err}"
+    );
+}

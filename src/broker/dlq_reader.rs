@@ -11,7 +11,7 @@
 //! when the connection drops.
 
 use super::closing::{close_channel, close_connection};
-use super::connector::{ConnectError, connect_once};
+use super::connector::{ConnectError, connect_first};
 use super::error::{BrokerError, Fault};
 use crate::amqp::{FieldTable, Properties};
 use crate::config::BrokerSpec;
@@ -106,7 +106,7 @@ impl DlqReader {
     ) -> Result<(Self, u32), ReadError> {
         let properties = ConnectionProperties::default()
             .with_connection_name(format!("{instance}/dlq/{}", spec.name).into());
-        let connection = connect_once(spec, properties).await?;
+        let connection = connect_first(spec, properties).await?;
         let channel = bounded("opening a channel", connection.create_channel()).await?;
         let options = QueueDeclareOptions {
             passive: true,

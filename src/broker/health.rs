@@ -82,17 +82,19 @@ impl EndpointHealth {
         self.state.load(Ordering::Relaxed) == DOWN_CONNECTION
     }
 
-    /// Marks it down; logs only the change.
-    pub fn mark_down(&self, why: Down, error: &dyn std::fmt::Display) {
+    /// Marks it down; logs only the change, and says whether it was one.
+    pub fn mark_down(&self, why: Down, error: &dyn std::fmt::Display) -> bool {
         let next = match why {
             Down::Connection => DOWN_CONNECTION,
             Down::Channel => DOWN_CHANNEL,
         };
-        if self.state.swap(next, Ordering::Relaxed) != next {
+        let changed = self.state.swap(next, Ordering::Relaxed) != next;
+        if changed {
             self.telemetry
                 .endpoint_down(&self.endpoint, why.as_str(), error);
             self.bump();
         }
+        changed
     }
 
     /// Marks it up; logs only the change.

@@ -14,16 +14,18 @@ use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 use lapin::{Connection, ConnectionProperties};
 use rustls::{AlertDescription, CertificateError};
 
-/// Opens a connection to `spec`; an `amqps://` one trusts the broker's CA
-/// certificates besides the system's roots and shows its client
-/// certificate when the broker asks for one.
+/// Opens a connection to node `node` of `spec`; an `amqps://` one trusts
+/// the broker's CA certificates besides the system's roots and shows its
+/// client certificate when the broker asks for one.
 pub async fn connect(
     spec: &BrokerSpec,
+    node: usize,
     properties: ConnectionProperties,
 ) -> lapin::Result<Connection> {
     // What `Connection::connect` uses: the current tokio runtime.
     let runtime = lapin::runtime::default_runtime()?;
-    Connection::connect_with_config(spec.secret_uri(), properties, config(&spec.tls), runtime).await
+    let uri = spec.secret_uri_of(node);
+    Connection::connect_with_config(uri, properties, config(&spec.tls), runtime).await
 }
 
 fn config(tls: &Tls) -> OwnedTLSConfig {
@@ -39,7 +41,9 @@ fn config(tls: &Tls) -> OwnedTLSConfig {
 /// When `error` is a failed TLS handshake (or a TLS alert from the broker),
 /// one line that says so, names the broker and, for the usual causes, the
 /// setting to check; `None` for any other error.
-pub fn failure(error: &lapin::Error, broker: &str) -> Option<String> {
+pub fn failure(error: &lapin::Error, spec: &BrokerSpec) -> Option<String> {
+    let broker = &spec.name;
+    let uri_key = spec.uri_key();
     let tls = tls_error(error)?;
     let hint = match tls {
         rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer) => format!(
@@ -49,7 +53,9 @@ pub fn failure(error: &lapin::Error, broker: &str) -> Option<String> {
         rustls::Error::InvalidCertificate(
             CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
         ) => {
-            format!(" (the broker's certificate is not valid for the host in brokers.{broker}.uri)")
+            format!(
+                " (the broker's certificate is not valid for the host in brokers.{broker}.{uri_key})"
+            )
         }
         rustls::Error::AlertReceived(AlertDescription::CertificateRequired) => format!(
             " (the broker requires a client certificate: set brokers.{broker}.client_cert_file \

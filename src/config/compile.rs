@@ -13,8 +13,9 @@ use crate::routing::{
     Branch, Filter, JsonPointer, Outage, Property, RoutingTable, Strategy, TopicPattern, ValueTest,
     XPathTest,
 };
-use crate::uri::{same_vhost, validate_uri};
+use crate::uri::validate_uri;
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -278,24 +279,85 @@ fn compile_brokers(raw: &RawConfig) -> Result<BTreeMap<String, Arc<BrokerSpec>>>
     raw.brokers
         .iter()
         .map(|(name, b)| {
-            validate_uri(&b.uri)
-                .map_err(|why| InvalidKey::new(format!("brokers.{name}.uri"), why))?;
-            let tls = compile_tls(name, b)?;
-            let spec = BrokerSpec::new(name, &b.uri).with_tls(tls);
+            let uris = broker_uris(name, b)?;
+            let tls = compile_tls(name, b, uris[0].starts_with("amqps://"))?;
+            let spec = BrokerSpec::cluster(name, uris).with_tls(tls);
             Ok((name.clone(), Arc::new(spec)))
         })
         .collect()
 }
 
+/// A broker's node URIs, preferred first: its `uri`, or its `uris`, which
+/// must agree on scheme, vhost and user (one broker, several nodes).
+fn broker_uris(name: &str, b: &RawBroker) -> Result<Vec<String>> {
+    let key = |k: &str| format!("brokers.{name}.{k}");
+    let uris = match (&b.uri, &b.uris) {
+        (Some(uri), None) => {
+            validate_uri(uri).map_err(|why| InvalidKey::new(key("uri"), why))?;
+            return Ok(vec![uri.clone()]);
+        }
+        (Some(_), Some(_)) => {
+            return Err(InvalidKey::new(
+                key("uris"),
+                "give either uri (one node) or uris (a cluster's nodes), not both",
+            ));
+        }
+        (None, None) => {
+            return Err(InvalidKey::new(
+                key("uri"),
+                "missing; give uri (one node) or uris (a cluster's nodes, preferred first)",
+            ));
+        }
+        (None, Some(uris)) => uris,
+    };
+    let Some(first) = uris.first() else {
+        return Err(InvalidKey::new(
+            key("uris"),
+            "is empty; list the cluster's nodes, preferred first",
+        ));
+    };
+    let identity = |uri: &str| {
+        let parsed = lapin::uri::AMQPUri::from_str(uri).ok()?;
+        let scheme = uri.split_once("://").map(|(s, _)| s.to_owned())?;
+        Some((scheme, parsed.vhost, parsed.authority.userinfo.username))
+    };
+    for (i, uri) in uris.iter().enumerate() {
+        let at = format!("brokers.{name}.uris[{i}]");
+        validate_uri(uri).map_err(|why| InvalidKey::new(at.clone(), why))?;
+        let (Some(ours), Some(theirs)) = (identity(uri), identity(first)) else {
+            continue;
+        };
+        let differs = |what: &str, a: &str, b: &str| {
+            InvalidKey::new(
+                at.clone(),
+                format!(
+                    "{what} \"{a}\" differs from uris[0]'s \"{b}\"; the nodes of one broker share \
+                     {what}, list another cluster as another broker"
+                ),
+            )
+        };
+        if ours.0 != theirs.0 {
+            return Err(differs("scheme", &ours.0, &theirs.0));
+        }
+        if ours.1 != theirs.1 {
+            return Err(differs("vhost", &ours.1, &theirs.1));
+        }
+        if ours.2 != theirs.2 {
+            return Err(differs("user", &ours.2, &theirs.2));
+        }
+    }
+    Ok(uris.clone())
+}
+
 /// Reads and checks the PEM files of an `amqps://` broker.
-fn compile_tls(name: &str, b: &RawBroker) -> Result<Tls> {
+fn compile_tls(name: &str, b: &RawBroker, amqps: bool) -> Result<Tls> {
     let key = |k: &str| format!("brokers.{name}.{k}");
     let files = [
         ("ca_file", &b.ca_file),
         ("client_cert_file", &b.client_cert_file),
         ("client_key_file", &b.client_key_file),
     ];
-    if !b.uri.starts_with("amqps://") {
+    if !amqps {
         if let Some((k, _)) = files.iter().find(|(_, f)| f.is_some()) {
             return Err(InvalidKey::new(
                 key(k),
@@ -417,7 +479,7 @@ fn check_endpoint_loop(
         format!("broker \"{}\", the inbound's broker", e.broker)
     } else {
         match (brokers.get(&e.broker), brokers.get(&inbound.broker)) {
-            (Some(ours), Some(theirs)) if same_vhost(ours.secret_uri(), theirs.secret_uri()) => {
+            (Some(ours), Some(theirs)) if ours.same_vhost_as(theirs) => {
                 format!(
                     "broker \"{}\", which has the host, port and vhost of the inbound's broker \"{}\"",
                     e.broker, inbound.broker
@@ -523,10 +585,25 @@ fn compile_entry(
             ));
         }
     };
-    let outage = match entry.outage.as_str() {
-        "dead_letter" => Outage::DeadLetter,
-        "wait" => Outage::Wait,
-        other => {
+    let outage = match (entry.outage.as_str(), entry.outage_timeout_ms) {
+        (_, Some(0)) => {
+            return Err(InvalidKey::new(
+                key("outage_timeout_ms"),
+                "must be at least 1; omit it to dead-letter at once",
+            ));
+        }
+        ("dead_letter", after) => Outage::DeadLetter {
+            after: after.map(Duration::from_millis),
+        },
+        ("wait", Some(_)) => {
+            return Err(InvalidKey::new(
+                key("outage_timeout_ms"),
+                "applies only with outage = \"dead_letter\" (\"wait\" holds for as long as \
+                 the outage lasts)",
+            ));
+        }
+        ("wait", None) => Outage::Wait,
+        (other, _) => {
             return Err(InvalidKey::new(
                 key("outage"),
                 format!("unknown outage \"{other}\" (expected \"dead_letter\" or \"wait\")"),

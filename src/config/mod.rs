@@ -16,7 +16,7 @@ pub use tls::{IdentityError, read_ca_file, read_client_identity};
 
 use crate::destination::{DeadLetter, Endpoint, QueueType};
 use crate::routing::RoutingTable;
-use crate::uri::{node_of, redact_uri};
+use crate::uri::{node_of, redact_uri, same_vhost};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -128,13 +128,15 @@ pub struct Inbound {
     pub dead_letter_by_policy: bool,
 }
 
-/// A broker connection target; equal when the name, the URI and the TLS
-/// material are.
+/// A broker connection target: one node (`uri`) or a cluster's nodes in
+/// order of preference (`uris`), which share vhost and user. Equal when the
+/// name, the URIs and the TLS material are.
 #[derive(Clone, PartialEq, Eq)]
 pub struct BrokerSpec {
     /// Its name in `[brokers]`.
     pub name: String,
-    uri: String,
+    /// Never empty; the first is the preferred node.
+    uris: Vec<String>,
     /// What an `amqps://` connection trusts and shows (empty for `amqp://`).
     pub tls: Tls,
 }
@@ -183,9 +185,15 @@ impl ClientIdentity {
 impl BrokerSpec {
     /// A broker without TLS material; `uri` was validated by [`compile`].
     pub fn new(name: impl Into<String>, uri: impl Into<String>) -> Self {
+        Self::cluster(name, vec![uri.into()])
+    }
+
+    /// A broker of several nodes, preferred first; `uris` were validated
+    /// by [`compile`] (not empty, one vhost and user).
+    pub fn cluster(name: impl Into<String>, uris: Vec<String>) -> Self {
         Self {
             name: name.into(),
-            uri: uri.into(),
+            uris,
             tls: Tls::default(),
         }
     }
@@ -195,20 +203,58 @@ impl BrokerSpec {
         Self { tls, ..self }
     }
 
-    /// The URI with credentials, for connecting only. Never log it.
+    /// The key that names its nodes, for messages: `uri` or `uris`.
+    pub fn uri_key(&self) -> &'static str {
+        if self.uris.len() > 1 { "uris" } else { "uri" }
+    }
+
+    /// How many nodes it has (at least one).
+    pub fn nodes(&self) -> usize {
+        self.uris.len().max(1)
+    }
+
+    /// The preferred node's URI with credentials, for connecting only.
+    /// Never log it.
     pub fn secret_uri(&self) -> &str {
-        &self.uri
+        self.secret_uri_of(0)
     }
 
-    /// The URI with its password masked, safe for logs.
+    /// Node `index`'s URI with credentials (the preferred one's past the
+    /// end), for connecting only. Never log it.
+    pub fn secret_uri_of(&self, index: usize) -> &str {
+        self.uris
+            .get(index)
+            .or(self.uris.first())
+            .map_or("", String::as_str)
+    }
+
+    /// Every node's URI with its password masked, in order, safe for logs.
     pub fn redacted_uri(&self) -> String {
-        redact_uri(&self.uri)
+        let uris: Vec<String> = self.uris.iter().map(|u| redact_uri(u)).collect();
+        uris.join(", ")
     }
 
-    /// The node the URI names, as `host:port` (the scheme's default port
-    /// when it names none), for logs.
+    /// Node `index`'s URI with its password masked.
+    pub fn redacted_uri_of(&self, index: usize) -> String {
+        redact_uri(self.secret_uri_of(index))
+    }
+
+    /// The preferred node as `host:port` (the scheme's default port when
+    /// the URI names none), for logs.
     pub fn node(&self) -> String {
-        node_of(&self.uri)
+        self.node_of(0)
+    }
+
+    /// Node `index` as `host:port`, for logs and metric labels.
+    pub fn node_of(&self, index: usize) -> String {
+        node_of(self.secret_uri_of(index))
+    }
+
+    /// Whether some node of each reaches the same vhost.
+    pub fn same_vhost_as(&self, other: &BrokerSpec) -> bool {
+        self.uris
+            .iter()
+            .any(|a| other.uris.iter().any(|b| same_vhost(a, b)))
     }
 }
 

@@ -43,6 +43,8 @@ enum Leave {
     Shutdown,
     Lost,
     Reconfigured,
+    /// The connector moved to a more preferred node of the broker.
+    Moved,
 }
 
 /// The consumer's state: what it takes messages under and hands them to.
@@ -130,8 +132,14 @@ impl Consumer {
             backoff.reset();
             telemetry.consuming(queue, settings.inbound.prefetch);
             consumer.consuming.store(true, Ordering::Relaxed);
+            let mut moves = generation.consume_connector.0.epochs();
             drop(generation);
-            let leave = consume_channel(consumer, reloads, shutdown, &mut inbound, &permits).await;
+            let channel = Channel {
+                inbound: &mut inbound,
+                permits: &permits,
+                moves: &mut moves,
+            };
+            let leave = consume_channel(consumer, reloads, shutdown, channel).await;
             consumer.consuming.store(false, Ordering::Relaxed);
             match leave {
                 Leave::Shutdown => {
@@ -144,7 +152,10 @@ impl Consumer {
                     inbound.mark_lost();
                     consumer.live.common.background.spawn(inbound.close());
                 }
-                Leave::Reconfigured => {
+                Leave::Reconfigured | Leave::Moved => {
+                    if matches!(leave, Leave::Moved) {
+                        telemetry.consumer_moving(&consumer.live.current().settings.inbound.queue);
+                    }
                     inbound.stop_consuming().await;
                     consumer.sessions.abandon_all();
                     // Every permit back: every transaction of this channel has settled on it.
@@ -172,15 +183,28 @@ fn permits_for(generation: &Generation) -> (Arc<Semaphore>, u32) {
     )
 }
 
-/// Consumes from one open channel until shutdown, its loss, or a reload that
-/// needs a new consumer.
+/// One open inbound channel: its deliveries, the permits that bound them,
+/// and its connector's moves to a more preferred node.
+struct Channel<'a> {
+    inbound: &'a mut InboundChannel,
+    permits: &'a Arc<Semaphore>,
+    moves: &'a mut tokio::sync::watch::Receiver<u64>,
+}
+
+/// Consumes from one open channel until shutdown, its loss, a reload that
+/// needs a new consumer, or a move of its connection to a more preferred
+/// node (the consumer follows it once this channel's work has settled).
 async fn consume_channel(
     consumer: &Consumer,
     reloads: &mut Option<mpsc::Receiver<Reload>>,
     shutdown: &CancellationToken,
-    inbound: &mut InboundChannel,
-    permits: &Arc<Semaphore>,
+    channel: Channel<'_>,
 ) -> Leave {
+    let Channel {
+        inbound,
+        permits,
+        moves,
+    } = channel;
     // One registration with the token for the whole channel, not two per message.
     let stopping = shutdown.cancelled();
     tokio::pin!(stopping);
@@ -194,6 +218,8 @@ async fn consume_channel(
         let permit = tokio::select! {
             biased;
             () = &mut stopping => return Leave::Shutdown,
+            // A gone connector (`Err`) leaves too: its connection goes with it.
+            _ = moves.changed() => return Leave::Moved,
             reload = reload => {
                 if consumer.live.reload(reload, shutdown).await {
                     return Leave::Reconfigured;
@@ -210,6 +236,7 @@ async fn consume_channel(
         tokio::select! {
             biased;
             () = &mut stopping => return Leave::Shutdown,
+            _ = moves.changed() => return Leave::Moved,
             reload = next_reload(reloads) => {
                 drop(permit);
                 if consumer.live.reload(reload, shutdown).await {

@@ -43,6 +43,11 @@ pub(super) struct Actor {
     pub(super) connector: Arc<Connector>,
     pub(super) health: Arc<EndpointHealth>,
     pub(super) channel: Option<SharedChannel>,
+    /// The connector's epoch when the main and the alone channel opened: a
+    /// channel of an older one is on a connection being left, and new
+    /// publishes go to a new channel (those in flight keep theirs).
+    pub(super) channel_epoch: u64,
+    pub(super) alone_epoch: u64,
     /// Bumped each time a new main channel is opened.
     pub(super) generation: u64,
     /// Where suspects are published, one at a time.
@@ -124,15 +129,12 @@ impl Actor {
             let Some(request) = self.alone_queue.pop_front() else {
                 return;
             };
+            let current = self.alone_epoch == self.connector.epoch();
             let channel = match self.alone_channel.as_ref() {
-                Some(c) if c.status().connected() => c.clone(),
-                _ => match self
-                    .connector
-                    .channel(true, self.endpoint.confirm_timeout)
-                    .await
-                {
-                    Ok(c) => {
-                        let c = Arc::new(c);
+                Some(c) if current && c.status().connected() => c.clone(),
+                _ => match self.open_channel().await {
+                    Ok((c, epoch)) => {
+                        self.alone_epoch = epoch;
                         self.alone_channel = Some(c.clone());
                         c
                     }
@@ -210,19 +212,27 @@ impl Actor {
 
     async fn live_channel(&mut self) -> Result<SharedChannel, ConnectError> {
         if let Some(channel) = &self.channel {
-            if channel.status().connected() {
+            if channel.status().connected() && self.channel_epoch == self.connector.epoch() {
                 return Ok(channel.clone());
             }
             self.channel = None;
         }
-        let channel = Arc::new(
-            self.connector
-                .channel(true, self.endpoint.confirm_timeout)
-                .await?,
-        );
+        let (channel, epoch) = self.open_channel().await?;
+        self.channel_epoch = epoch;
         self.generation += 1;
         self.channel = Some(channel.clone());
         Ok(channel)
+    }
+
+    /// A new confirm channel, and the connector epoch it was opened under
+    /// (read first: a move in between only costs one more channel).
+    async fn open_channel(&self) -> Result<(SharedChannel, u64), ConnectError> {
+        let epoch = self.connector.epoch();
+        let channel = self
+            .connector
+            .channel(true, self.endpoint.confirm_timeout)
+            .await?;
+        Ok((Arc::new(channel), epoch))
     }
 
     /// The copy's properties: the message's own, without any `x-switchyard-*`

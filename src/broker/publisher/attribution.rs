@@ -84,9 +84,23 @@ impl Actor {
                 }
                 Err(PublishFailure::Broker(e)) => match e.fault() {
                     Fault::Message => {}
-                    Fault::Endpoint => self.health.mark_down(Down::Channel, e),
-                    Fault::Connection | Fault::Refused => {
-                        self.health.mark_down(Down::Connection, e)
+                    Fault::Endpoint => {
+                        self.health.mark_down(Down::Channel, e);
+                    }
+                    Fault::Connection => {
+                        self.health.mark_down(Down::Connection, e);
+                    }
+                    Fault::Refused => {
+                        if self.health.mark_down(Down::Connection, e) {
+                            let (user, vhost) = self.connector.identity();
+                            self.telemetry.publish_refused(
+                                &self.endpoint.name,
+                                &user,
+                                &vhost,
+                                &self.endpoint.exchange,
+                                e,
+                            );
+                        }
                     }
                 },
                 Err(_) => {}

@@ -86,6 +86,8 @@ impl Publisher {
             connector,
             health: health.clone(),
             channel: None,
+            channel_epoch: 0,
+            alone_epoch: 0,
             generation: 0,
             alone_channel: None,
             alone_queue: VecDeque::new(),
