@@ -14,6 +14,7 @@
 #![allow(dead_code)]
 
 pub mod broker;
+pub mod cluster;
 pub mod config;
 pub mod harness;
 pub mod http;

@@ -289,6 +289,15 @@ impl PrivateNode {
         all[all.len().saturating_sub(lines)..].join("\n")
     }
 
+    /// Boots again a node whose Erlang VM is gone (SIGKILLed): same name,
+    /// ports and data directory; waits as [`Self::start`] does. Its stale
+    /// pid file is removed first, or the boot would be taken for a crash.
+    pub async fn relaunch(&self) {
+        let _ = std::fs::remove_file(self.pid_file());
+        self.launch();
+        self.await_boot().await;
+    }
+
     /// Stops the node and removes its directory.
     pub async fn stop(mut self) {
         let name = self.name.clone();
