@@ -260,21 +260,12 @@ impl PrivateCluster {
 /// Polls `cond` every [`CTL_POLL_INTERVAL`] until it returns true; panics
 /// naming `what` after `timeout`. For conditions that run `rabbitmqctl`,
 /// where [`wait_until`]'s 50 ms would keep a core busy.
-pub async fn wait_every<F, Fut>(what: &str, timeout: Duration, mut cond: F)
+pub async fn wait_every<F, Fut>(what: &str, timeout: Duration, cond: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if cond().await {
-            return;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            panic!("timed out after {timeout:?} waiting until {what}");
-        }
-        tokio::time::sleep(CTL_POLL_INTERVAL).await;
-    }
+    super::wait_until_every(what, timeout, CTL_POLL_INTERVAL, cond).await;
 }
 
 /// `running_nodes` of `rabbitmqctl cluster_status --formatter json` output.

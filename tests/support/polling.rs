@@ -12,8 +12,21 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(20);
 pub const BULK_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// Polls `cond` every ~50 ms until it returns true; panics naming `what` after `timeout`.
-pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut cond: F)
+pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, cond: F)
 where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    wait_until_every(what, timeout, POLL_INTERVAL, cond).await;
+}
+
+/// [`wait_until`], polling every `interval`.
+pub async fn wait_until_every<F, Fut>(
+    what: &str,
+    timeout: Duration,
+    interval: Duration,
+    mut cond: F,
+) where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
@@ -25,7 +38,7 @@ where
         if tokio::time::Instant::now() >= deadline {
             panic!("timed out after {timeout:?} waiting until {what}");
         }
-        tokio::time::sleep(POLL_INTERVAL).await;
+        tokio::time::sleep(interval).await;
     }
 }
 
