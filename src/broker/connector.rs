@@ -15,6 +15,11 @@
 //! once the work on it has had [`DRAIN`] to finish, so returning fails
 //! nothing in flight.
 //!
+//! For [`SETTLING`] after any connection but the first (a node lost, a
+//! broker restarted, a return to the preferred node), the connector reads
+//! as [`Connector::settling`]: quorum queues may still be electing leaders
+//! in place of a lost node, and a nack then says nothing of the message.
+//!
 //! The connector also follows `connection.blocked` / `connection.unblocked`
 //! (a broker resource alarm) and publishes the state on a watch channel:
 //! publishes wait out an alarm instead of timing out, and consuming pauses.
@@ -46,6 +51,10 @@ pub const RETURN_CHECK: Duration = Duration::from_secs(5);
 /// How long a connection left for a more preferred node stays open, so
 /// that confirms, acks and channels on it finish.
 pub const DRAIN: Duration = Duration::from_secs(30);
+/// How long after a new connection (other than the first) nacks are taken
+/// for a quorum queue electing its leader: RabbitMQ's elections take a few
+/// seconds; this leaves room for a loaded cluster.
+pub const SETTLING: Duration = Duration::from_secs(30);
 
 /// Why no channel could be had from a broker. Every variant is transient:
 /// the caller fails over (or, for the consumer, retries later).
@@ -135,6 +144,8 @@ pub struct Connector {
     epoch: watch::Sender<u64>,
     /// The same, read on every publish without a lock.
     epoch_now: AtomicU64,
+    /// Until when nacks are taken for leader elections; see [`SETTLING`].
+    settling_until: std::sync::Mutex<Option<Instant>>,
     /// Itself, for the task that returns to the preferred node.
     me: Weak<Connector>,
     /// Whether that task runs.
@@ -199,6 +210,7 @@ impl Connector {
             state: Mutex::new(State::default()),
             epoch: watch::Sender::new(0),
             epoch_now: AtomicU64::new(0),
+            settling_until: std::sync::Mutex::new(None),
             me: me.clone(),
             returning: AtomicBool::new(false),
             closed: CancellationToken::new(),
@@ -257,6 +269,17 @@ impl Connector {
     /// connection being left.
     pub fn epoch(&self) -> u64 {
         self.epoch_now.load(Ordering::Acquire)
+    }
+
+    /// Whether the connection is new after a move, a loss or a restart
+    /// ([`SETTLING`]): quorum queues may be electing leaders, and their
+    /// nacks are no verdict on the message or the endpoint.
+    pub fn settling(&self) -> bool {
+        let until = *self
+            .settling_until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        until.is_some_and(|until| Instant::now() < until)
     }
 
     /// The epoch, as it changes.
@@ -400,6 +423,13 @@ impl Connector {
         self.epoch.send_modify(|n| {
             *n += 1;
             self.epoch_now.store(*n, Ordering::Release);
+            if *n > 1 {
+                *self
+                    .settling_until
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                    Some(Instant::now() + SETTLING);
+            }
         });
         let nodes: Vec<String> = (0..self.spec.nodes())
             .map(|i| self.spec.node_of(i))

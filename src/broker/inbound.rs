@@ -256,6 +256,12 @@ impl InboundChannel {
         Some(Ok((envelope, receipt)))
     }
 
+    /// Whether the channel is still open (a consumer that ended on an open
+    /// channel was cancelled by the broker).
+    pub fn is_open(&self) -> bool {
+        self.channel.status().connected()
+    }
+
     /// Stops the broker from sending more (`basic.cancel`). Deliveries
     /// already buffered are never handed out and go back to the queue when
     /// the channel closes.

@@ -45,6 +45,9 @@ enum Leave {
     Reconfigured,
     /// The connector moved to a more preferred node of the broker.
     Moved,
+    /// The broker cancelled the consumer (`basic.cancel`: a quorum queue
+    /// moving its leader, the queue deleted) on a channel still open.
+    Cancelled,
 }
 
 /// The consumer's state: what it takes messages under and hands them to.
@@ -152,10 +155,11 @@ impl Consumer {
                     inbound.mark_lost();
                     consumer.live.common.background.spawn(inbound.close());
                 }
-                Leave::Reconfigured | Leave::Moved => {
+                Leave::Reconfigured | Leave::Moved | Leave::Cancelled => {
                     if matches!(leave, Leave::Moved) {
                         telemetry.consumer_moving(&consumer.live.current().settings.inbound.queue);
                     }
+                    // Its messages settle on the channel they came on: no duplicates.
                     inbound.stop_consuming().await;
                     consumer.sessions.abandon_all();
                     // Every permit back: every transaction of this channel has settled on it.
@@ -165,7 +169,8 @@ impl Consumer {
                     }
                     inbound.close().await;
                     (permits, prefetch) = permits_for(&consumer.live.current());
-                    reopening = false;
+                    // A cancelled consumer's queue may be gone: declared again.
+                    reopening = matches!(leave, Leave::Cancelled);
                 }
             }
         }
@@ -250,6 +255,10 @@ async fn consume_channel(
                 Some(Err(why)) => {
                     telemetry.consumer_lost(&queue(), &why.to_string());
                     return Leave::Lost;
+                }
+                None if inbound.is_open() => {
+                    telemetry.consumer_cancelled(&queue());
+                    return Leave::Cancelled;
                 }
                 None => {
                     telemetry.consumer_lost(&queue(), "consumer ended");

@@ -465,6 +465,18 @@ impl Telemetry {
         tracing::warn!(endpoint, why, "reopening publish channel");
     }
 
+    /// An endpoint's publishes are nacked on a connection made just after
+    /// a node change: taken for quorum queues electing leaders. Once per
+    /// connection, not per message.
+    pub fn publish_settling(&self, endpoint: &str, broker: &str) {
+        tracing::warn!(
+            endpoint,
+            broker,
+            "publishes nacked just after a node change: a quorum queue is likely electing its \
+             leader; retrying on the same endpoint, nothing is failed over or dead-lettered for it"
+        );
+    }
+
     /// A `basic.return` named a publish whose outcome was already decided.
     pub fn late_return(&self, endpoint: &str, publish_id: u64) {
         tracing::warn!(endpoint, publish_id, "return for a publish already settled");
@@ -570,6 +582,16 @@ impl Telemetry {
     /// The inbound consumer was lost and is being reopened.
     pub fn consumer_lost(&self, queue: &str, error: &str) {
         tracing::warn!(queue, error, "inbound consumer lost; reconnecting");
+    }
+
+    /// The broker cancelled the consumer on a channel still open: it
+    /// consumes again once the messages it holds have settled there.
+    pub fn consumer_cancelled(&self, queue: &str) {
+        tracing::warn!(
+            queue,
+            "inbound consumer cancelled by the broker (a quorum queue moving its leader, or the \
+             queue deleted); consuming again once its messages have settled"
+        );
     }
 
     /// The consumer's broker connection moved to a more preferred node: the

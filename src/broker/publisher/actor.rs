@@ -26,6 +26,14 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+/// How long a main channel lives before a nack on it makes new publishes
+/// go to a fresh one. RabbitMQ was seen nacking every publish, for as long
+/// as the channel lived, on a channel whose first publishes to a quorum
+/// queue came before the queue had elected a leader; a queue that is
+/// simply full nacks on any channel, and then this bounds the churn to one
+/// new channel a second.
+const NACKED_CHANNEL_AGE: std::time::Duration = std::time::Duration::from_secs(1);
+
 pub(super) struct Waiter {
     pub(super) reply: oneshot::Sender<Result<(), PublishFailure>>,
     /// The main channel's generation it went out on; 0 when alone.
@@ -50,6 +58,11 @@ pub(super) struct Actor {
     pub(super) alone_epoch: u64,
     /// Bumped each time a new main channel is opened.
     pub(super) generation: u64,
+    /// When the main channel opened: a nacked channel is left only once it
+    /// has lived [`NACKED_CHANNEL_AGE`].
+    pub(super) channel_opened: Instant,
+    /// The connector epoch whose settling nacks were logged already.
+    pub(super) settling_logged: u64,
     /// Where suspects are published, one at a time.
     pub(super) alone_channel: Option<SharedChannel>,
     pub(super) alone_queue: VecDeque<Request>,
@@ -219,6 +232,7 @@ impl Actor {
         }
         let (channel, epoch) = self.open_channel().await?;
         self.channel_epoch = epoch;
+        self.channel_opened = Instant::now();
         self.generation += 1;
         self.channel = Some(channel.clone());
         Ok(channel)
@@ -265,6 +279,34 @@ impl Actor {
             AmqpValue::LongLongInt(request.id as i64),
         );
         request.envelope.properties.clone().with_headers(headers)
+    }
+
+    /// A publish was nacked. While the connection settles, the first such
+    /// nack of the connection is logged, once for all that follow. New
+    /// publishes go to a fresh channel (see [`NACKED_CHANNEL_AGE`]); the
+    /// nacked one closes once the confirms on it are in or overdue.
+    pub(super) fn nacked(&mut self, waiter: &Waiter, failure: &PublishFailure) {
+        let epoch = self.connector.epoch();
+        if matches!(failure, PublishFailure::NackedSettling) && self.settling_logged != epoch {
+            self.settling_logged = epoch;
+            self.telemetry
+                .publish_settling(&self.endpoint.name, self.connector.broker());
+        }
+        let current = waiter.mode == Mode::Normal && waiter.generation == self.generation;
+        if !current || self.channel_opened.elapsed() < NACKED_CHANNEL_AGE {
+            return;
+        }
+        let Some(channel) = self.channel.take() else {
+            return;
+        };
+        let (stop, drain) = (self.stop.clone(), self.endpoint.confirm_timeout);
+        self.background.spawn(async move {
+            tokio::select! {
+                () = stop.cancelled() => {}
+                () = tokio::time::sleep(drain) => {}
+            }
+            close_channel(&channel, "switchyard: nacked").await;
+        });
     }
 
     fn unreachable(&self, why: &ConnectError) {

@@ -56,6 +56,9 @@ impl Actor {
             let mut outcome = match (self.returned.remove(&id), result) {
                 (Some(returned), _) => Err(returned),
                 (None, Confirm::Ack(_)) => Ok(()),
+                (None, Confirm::Nack(_)) if self.connector.settling() => {
+                    Err(PublishFailure::NackedSettling)
+                }
                 (None, Confirm::Nack(_)) => Err(PublishFailure::Nacked),
                 (None, Confirm::NotRequested) => Err(PublishFailure::Broker(BrokerError {
                     code: None,
@@ -78,6 +81,9 @@ impl Actor {
                 }
             }
             match &outcome {
+                Err(nack @ (PublishFailure::Nacked | PublishFailure::NackedSettling)) => {
+                    self.nacked(&waiter, nack);
+                }
                 Ok(()) => {
                     self.telemetry.confirmed(waiter.sent_at.elapsed());
                     self.health.mark_up();

@@ -89,6 +89,8 @@ impl Publisher {
             channel_epoch: 0,
             alone_epoch: 0,
             generation: 0,
+            channel_opened: Instant::now(),
+            settling_logged: 0,
             alone_channel: None,
             alone_queue: VecDeque::new(),
             alone_busy: None,

@@ -16,6 +16,12 @@ pub enum PublishFailure {
     /// The broker answered `basic.nack`.
     #[error("nacked by the broker")]
     Nacked,
+    /// The broker answered `basic.nack` on a connection just made after a
+    /// node was lost or came back ([`crate::broker::connector::SETTLING`]):
+    /// most likely a quorum queue still electing its leader. Retried on the
+    /// same endpoint, never a reason to fail over or dead-letter.
+    #[error("nacked by the broker while its quorum queues elect leaders after a node change")]
+    NackedSettling,
     /// The broker returned the mandatory publish as unroutable.
     #[error("returned by the broker: {code} {text}")]
     Returned {
@@ -49,13 +55,19 @@ impl PublishFailure {
         matches!(self, Self::Broker(e) if e.fault() == Fault::Message)
     }
 
+    /// The same endpoint will most likely take the message after a pause:
+    /// it is retried there, not failed over.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::NackedSettling)
+    }
+
     /// The failure says nothing about the message or the destination: the
     /// broker could not be reached, the connection was lost, no confirm
     /// came (the broker stalls), or the broker refuses the forwarder's own
     /// user. A list exhausted only by these is an outage, held by default.
     pub fn is_outage(&self) -> bool {
         match self {
-            Self::Timeout(_) | Self::Unreachable(_) => true,
+            Self::Timeout(_) | Self::Unreachable(_) | Self::NackedSettling => true,
             Self::Broker(e) => matches!(e.fault(), Fault::Connection | Fault::Refused),
             Self::Nacked | Self::Returned { .. } | Self::Rejected(_) | Self::Stopped => false,
         }

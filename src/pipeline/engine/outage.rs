@@ -105,6 +105,18 @@ impl Outages {
     }
 }
 
+impl Outages {
+    /// Counted as holding, waits `delay` before a transient failure's
+    /// endpoint is tried again; false when `lost` is cancelled first.
+    pub(super) async fn pause(&self, delay: Duration, lost: &CancellationToken) -> bool {
+        let _counted = Counted::new(self);
+        tokio::select! {
+            () = lost.cancelled() => false,
+            () = tokio::time::sleep(delay) => true,
+        }
+    }
+}
+
 /// One branch counted as holding while it lives; the first and the last
 /// holder of an outage say so once for all the messages held.
 struct Counted<'a>(&'a Outages);

@@ -376,3 +376,38 @@ async fn a_session_back_on_an_endpoint_goes_on_where_it_stopped_there() {
         "back on a, only what a lacks"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn nacks_while_the_broker_settles_are_retried_on_the_same_endpoint_with_consuming_paused() {
+    let script = Script::new(|call, earlier| match call.endpoint.as_str() {
+        "a" if earlier < 5 => Reply::Fail(PublishFailure::NackedSettling),
+        _ => Reply::Ack,
+    });
+    let (engine, telemetry) = engine(&script);
+    let settings = settings(&["a", "b"], "service", "");
+    let message = envelope("m1", &[]);
+    let forwarding = {
+        let engine = engine.clone();
+        tokio::spawn(async move { forward(&engine, &settings, &message).await })
+    };
+    // The first pause is at least 100 ms: the branch holds by then.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        engine.outages().any(),
+        "consuming pauses while the branch waits"
+    );
+    let Ok(outcome) = forwarding.await else {
+        panic!("the forwarding task ended");
+    };
+    assert_eq!(outcome.branches, [delivered("service", "a")]);
+    assert_eq!(script.calls(), ["a:m1"; 6], "never failed over to b");
+    assert!(!engine.outages().any());
+    let text = telemetry.render();
+    assert_eq!(
+        sample(
+            &text,
+            r#"switchyard_failovers_total{branch="service",from="a",to="b"}"#
+        ),
+        None
+    );
+}

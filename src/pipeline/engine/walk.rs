@@ -20,6 +20,11 @@
 //! itself and the branch ends `Rejected`. Once the inbound channel is lost
 //! (the broker will redeliver) no new attempt is started.
 //!
+//! A transient failure (a nack while the broker settles after a node
+//! change: a quorum queue electing its leader) is no attempt at all: the
+//! same endpoint is tried again after a pause, counted as an outage hold
+//! so that consuming pauses meanwhile.
+//!
 //! A list exhausted by an outage alone (every failure of the pass says
 //! nothing of the message: unreachable, lost, stalled, or the forwarder's
 //! user refused) is not a failure: with `outage = "wait"` (the default) the
@@ -30,6 +35,7 @@
 use super::Engine;
 use super::outage::{Hold, HoldEnd};
 use crate::amqp::AmqpValue;
+use crate::backoff::Backoff;
 use crate::broker::{Attempt, Health, Mode, PublishFailure};
 use crate::destination::Endpoint;
 use crate::envelope::Envelope;
@@ -38,8 +44,14 @@ use crate::routing::{BranchPlan, Outage};
 use crate::telemetry::{Replay, Telemetry};
 use crate::wire;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+/// The first and the longest pause before a transient failure's endpoint
+/// is tried again.
+const TRANSIENT_FIRST: Duration = Duration::from_millis(200);
+const TRANSIENT_MAX: Duration = Duration::from_secs(2);
 
 /// Where one branch stands in its run.
 pub struct BranchRun {
@@ -135,7 +147,7 @@ impl BranchRun {
                     if first.is_none() && walk.lost.is_cancelled() {
                         return self.abandoned();
                     }
-                    match self.catch_up(&endpoint, run, first.take(), walk).await {
+                    match self.attempt(&endpoint, run, first.take(), walk).await {
                         Ok(()) => return self.delivered_here(),
                         Err(PublishFailure::Rejected(error)) => {
                             telemetry.rejected(message_id, &self.plan.name, &endpoint.name, &error);
@@ -254,6 +266,31 @@ impl BranchRun {
                 .endpoint(self.at)
                 .map(|e| e.name.clone())
                 .unwrap_or_default(),
+        }
+    }
+
+    /// One attempt at `endpoint` ([`Self::catch_up`]), made again after a
+    /// pause for as long as the endpoint fails transiently.
+    async fn attempt(
+        &mut self,
+        endpoint: &Endpoint,
+        run: &[Arc<Envelope>],
+        mut first: Option<Attempt>,
+        walk: &Walk<'_>,
+    ) -> Result<(), PublishFailure> {
+        let mut pause: Option<Backoff> = None;
+        loop {
+            match self.catch_up(endpoint, run, first.take(), walk).await {
+                Err(error) if error.is_transient() && !walk.lost.is_cancelled() => {
+                    let delay = pause
+                        .get_or_insert_with(|| Backoff::new(TRANSIENT_FIRST, TRANSIENT_MAX))
+                        .next_delay();
+                    if !walk.engine.outages.pause(delay, walk.lost).await {
+                        return Err(error);
+                    }
+                }
+                other => return other,
+            }
         }
     }
 
