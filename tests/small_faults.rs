@@ -3,7 +3,10 @@
 //! kills the real binary; a broker that refuses the credentials or the
 //! vhost is named as such in the log, with nothing blamed on a key that is
 //! not at fault, and `--fail-fast` turns such a refusal into exit 1; a
-//! broker that cannot be reached is logged once per connection attempt.
+//! broker that cannot be reached is logged once per connection attempt; of
+//! a broker given as nodes, one that does not answer and one that refuses
+//! are logged by name and the next is used, and `--fail-fast` exits only
+//! when every node refuses.
 
 mod support;
 
@@ -317,5 +320,105 @@ async fn fail_fast_exits_1_on_a_wrong_password() {
     );
     assert!(log.contains("not retrying (--fail-fast)"), "{log}");
     assert!(!log.contains("retry_in_ms"), "{log}");
+    assert!(support::rabbitmq_queues_with_prefix(&p).await.is_empty());
+}
+
+/// A port on loopback where nothing listens.
+fn dead_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap_or_else(|e| panic!("cannot bind a loopback port: {e}"));
+    listener
+        .local_addr()
+        .unwrap_or_else(|e| panic!("no local address: {e}"))
+        .port()
+}
+
+/// `uris` = a node where nothing listens, the shared broker with a wrong
+/// password, the shared broker by another name: with `--fail-fast` the
+/// forwarder logs the first two by node (and what was wrong with each),
+/// connects to the third and forwards; the password is never logged.
+#[tokio::test]
+async fn a_cluster_node_that_is_down_or_refuses_is_named_and_the_next_one_used() {
+    let p = unique_prefix("nodes-skip");
+    let broker = TestBroker::connect(&p).await;
+    let password = format!("not-the-password-{}", &p[p.len() - 8..]);
+    let port = amqp_addr().port();
+    let dead = format!("127.0.0.1:{}", dead_port());
+    let (down, refusing, good) = (
+        format!("amqp://guest:guest@{dead}/%2f"),
+        format!("amqp://guest:{password}@127.0.0.1:{port}/%2f"),
+        format!("amqp://guest:guest@localhost:{port}/%2f"),
+    );
+    let toml = Forwarder::new(&p)
+        .nodes("main", &[&down, &refusing, &good])
+        .seed(&p)
+        .toml();
+    let mut process = Process::spawn_with(&p, &toml, &["--fail-fast"], &[]);
+    wait_consumers(&broker, &format!("{p}.in"), 1).await;
+    broker
+        .publish("", &format!("{p}.in"), b"one", BasicProperties::default())
+        .await;
+    for queue in ["service", "logging"] {
+        broker
+            .await_count(&format!("{p}.{queue}"), 1, DEFAULT_TIMEOUT)
+            .await;
+    }
+    process.signal("TERM");
+    assert_eq!(process.wait_exit(Duration::from_secs(10)).await, Some(0));
+    let log = process.log();
+    let skipped = |node: &str, next: &str, cause: &str| {
+        log.lines().any(|l| {
+            l.contains("broker node unreachable; trying the next node")
+                && l.contains(&format!("node=\"{node}\""))
+                && l.contains(&format!("next=\"{next}\""))
+                && l.contains(cause)
+        })
+    };
+    let refusing_node = format!("127.0.0.1:{port}");
+    let good_node = format!("localhost:{port}");
+    assert!(
+        skipped(&dead, &refusing_node, "Connection refused"),
+        "the down node is named:\n{log}"
+    );
+    assert!(
+        skipped(&refusing_node, &good_node, "authentication refused"),
+        "the refusing node is named with the refusal:\n{log}"
+    );
+    assert!(
+        log.lines().any(|l| l.contains("connected")
+            && l.contains(&format!("node=\"{good_node}\""))
+            && l.contains("preferred=false")),
+        "{log}"
+    );
+    assert!(!log.contains(&password), "the password is never logged");
+    delete_all_with_prefix(&p).await;
+}
+
+/// With `--fail-fast`, a broker whose every node refuses the credentials
+/// ends the run with exit 1, naming the refusal.
+#[tokio::test]
+async fn fail_fast_exits_1_when_every_node_refuses() {
+    let p = unique_prefix("nodes-refuse");
+    let password = format!("not-the-password-{}", &p[p.len() - 8..]);
+    let port = amqp_addr().port();
+    let uris = [
+        format!("amqp://guest:{password}@127.0.0.1:{port}/%2f"),
+        format!("amqp://guest:{password}@localhost:{port}/%2f"),
+    ];
+    let toml = Forwarder::new(&p)
+        .nodes("main", &[&uris[0], &uris[1]])
+        .seed(&p)
+        .toml();
+    let mut process = Process::spawn_with(&p, &toml, &["--fail-fast"], &[]);
+    let code = process.wait_exit(DEFAULT_TIMEOUT).await;
+    let log = process.log();
+    assert_eq!(code, Some(1), "log:\n{log}");
+    assert!(
+        log.lines()
+            .last()
+            .is_some_and(|l| l.starts_with("switchyard: authentication refused by broker main")),
+        "the last line says why:\n{log}"
+    );
+    assert!(!log.contains(&password), "the password is never logged");
     assert!(support::rabbitmq_queues_with_prefix(&p).await.is_empty());
 }

@@ -407,6 +407,15 @@ impl Forwarder {
         self
     }
 
+    /// Broker `name` as a cluster's nodes (`uris`), in order of preference.
+    pub fn nodes(mut self, name: &str, urls: &[&str]) -> Self {
+        self.brokers.retain(|(n, _)| n != name);
+        let mut keys = Keys::default();
+        keys.set("uris", urls);
+        self.brokers.push((name.to_owned(), keys));
+        self
+    }
+
     pub fn endpoint(mut self, endpoint: Endpoint) -> Self {
         self.endpoints.retain(|e| e.name != endpoint.name);
         self.endpoints.push(endpoint);
