@@ -6,7 +6,9 @@
 //! admin endpoint (`http_get`, `Metrics`), a private RabbitMQ node
 //! (`PrivateNode`) for faults the shared broker must not see, and a raw AMQP
 //! client (`raw`) for messages a client library cannot be trusted to decode,
-//! and CPU and memory readings from `/proc` (`procfs`) for measurements.
+//! CPU and memory readings from `/proc` (`procfs`) for measurements, and a
+//! vhost and user of a test's own (`vhost::TestVhost`) for permission
+//! changes.
 //!
 //! Every test names all of its queues, exchanges and connections with a
 //! `unique_prefix`, so tests can run in parallel and repeatedly against the
@@ -25,6 +27,7 @@ pub mod proxy;
 pub mod rabbitmqctl;
 pub mod raw;
 pub mod sessions;
+pub mod vhost;
 
 // Each test binary uses a different part of the kit.
 #[allow(unused_imports)]
