@@ -66,7 +66,8 @@ async fn stream(url: String, queue: String, n: u32) -> u32 {
             Ok(Ok(confirm)) if confirm.is_ack() => i += 1,
             _ => {
                 republished += 1;
-                let _ = connection.close(200, "".into()).await;
+                // A connection the restart broke may never answer its close.
+                let _ = tokio::time::timeout(CLIENT_WAIT, connection.close(200, "".into())).await;
                 channel = None;
             }
         }
@@ -74,12 +75,23 @@ async fn stream(url: String, queue: String, n: u32) -> u32 {
         tokio::time::sleep(Duration::from_millis(3)).await;
     }
     if let Some((connection, _)) = channel {
-        let _ = connection.close(200, "".into()).await;
+        let _ = tokio::time::timeout(CLIENT_WAIT, connection.close(200, "".into())).await;
     }
     republished
 }
 
+/// How long the test's publisher waits for a connect or a close before it
+/// gives up on that connection (a broker mid-restart may never answer).
+const CLIENT_WAIT: Duration = Duration::from_secs(10);
+
 async fn confirm_channel(url: &str) -> Option<(lapin::Connection, lapin::Channel)> {
+    tokio::time::timeout(CLIENT_WAIT, open_confirm_channel(url))
+        .await
+        .ok()
+        .flatten()
+}
+
+async fn open_confirm_channel(url: &str) -> Option<(lapin::Connection, lapin::Channel)> {
     let properties = lapin::ConnectionProperties::default();
     let connection = lapin::Connection::connect(url, properties).await.ok()?;
     let channel = connection.create_channel().await.ok()?;
