@@ -2,7 +2,8 @@
 //! session whole and in order on one endpoint per branch across a failover
 //! (earlier messages replayed and marked), whole-session dead letters with
 //! their reason (`exhausted`, `session-timeout`, `session-too-large`,
-//! `session-closed`), session slots that hold a new session back while other
+//! `session-closed`), a session id over its length limit refused alone as
+//! `malformed`, session slots that hold a new session back while other
 //! traffic flows, memory bounded by the session limits with the real binary,
 //! `check` refusing slots that could fill the prefetch, and a session's
 //! failovers, replays and dead-letter records counted and written as any
@@ -531,6 +532,58 @@ async fn a_refused_message_dead_letters_its_whole_session_with_the_screens_reaso
         0,
         "taken above; nothing more forwarded"
     );
+    forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    delete_all_with_prefix(&p).await;
+}
+
+/// A session id over 256 bytes (ids are remembered, and producers choose
+/// them) makes no session: that message is dead-lettered alone as
+/// `malformed`, saying why, while a session with a long id under it goes
+/// through whole (the unit tests take the limit to the byte).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_id_over_the_limit_is_dead_lettered_alone_as_malformed() {
+    let p = unique_prefix("sess-long-id");
+    let broker = TestBroker::connect(&p).await;
+    let inbound = format!("{p}.in");
+    let primary = format!("{p}.primary");
+    let dlq = format!("{p}.dlq");
+    let toml = session_branch(&p, true)
+        .sessions(&[("max_open", 4.into())])
+        .toml();
+    let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
+
+    // Under the limit, and short enough for the test's message ids.
+    let longest = Session::named(&"k".repeat(200));
+    publish(&broker, &inbound, &longest.messages(0..2, 1)).await;
+    let mut headers = FieldTable::default();
+    headers.insert(
+        ID.into(),
+        AMQPValue::LongString("x".repeat(16 * 1024).into()),
+    );
+    let over = BasicProperties::default()
+        .with_message_id("over-the-limit".into())
+        .with_headers(headers);
+    publish(&broker, &inbound, &[(b"over".to_vec(), over)]).await;
+
+    let forwarded = take(&broker, &primary, 2).await;
+    assert_eq!(seqs(&forwarded.iter().collect::<Vec<_>>()), whole(2));
+    let dead = take(&broker, &dlq, 1).await;
+    assert_eq!(message_id(&dead[0]), "over-the-limit");
+    assert_eq!(
+        dead[0].header_str("x-switchyard-reason").as_deref(),
+        Some("malformed")
+    );
+    let error = dead[0].header_str("x-switchyard-error").unwrap_or_default();
+    assert!(
+        error.contains("session id of 16384 bytes is over the limit of 256 bytes"),
+        "{error}"
+    );
+    assert!(
+        dead[0].header("x-switchyard-session").is_none(),
+        "no session"
+    );
+    wait_settled(&inbound, DEFAULT_TIMEOUT).await;
+    wait_sessions_open(&forwarder, 0).await;
     forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
     delete_all_with_prefix(&p).await;
 }

@@ -292,7 +292,10 @@ fn dispatch(
     telemetry.consumed();
     let envelope = Arc::new(envelope);
     let generation = consumer.live.current();
-    let refused = generation.screen.check(&envelope);
+    let refused = generation.screen.check(&envelope).or_else(|| {
+        let config = generation.settings.sessions.as_ref()?;
+        sessions::oversized_id(&envelope, config)
+    });
     if let Some((id, session_generation)) = consumer.sessions.member(&envelope, &generation) {
         let arrival = sessions::Arrival {
             envelope,

@@ -136,6 +136,14 @@ pub enum Barred {
         /// The limit.
         limit: usize,
     },
+    /// Its session id is longer than the forwarder keeps.
+    #[error("session id of {bytes} bytes is over the limit of {limit} bytes")]
+    SessionIdTooLong {
+        /// The id's length in bytes.
+        bytes: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// Forwarded `inbound.max_hops` times already.
     #[error("forwarded {hops} times already (inbound.max_hops = {max}); a routing loop?")]
     Loop {
@@ -194,7 +202,7 @@ impl Barred {
     pub fn reason(&self) -> Reason {
         match self {
             Self::NoRoute => Reason::NoRoute,
-            Self::Malformed { .. } => Reason::Malformed,
+            Self::Malformed { .. } | Self::SessionIdTooLong { .. } => Reason::Malformed,
             Self::Loop { .. } => Reason::Loop,
             Self::Poison { .. } => Reason::Poison,
             Self::SessionTimeout { .. } => Reason::SessionTimeout,

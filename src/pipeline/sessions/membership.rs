@@ -21,10 +21,25 @@ pub(crate) struct Arrival {
     pub(crate) refused: Option<Barred>,
 }
 
-/// The session a message belongs to, if any: the text of its id header.
+/// The longest session id kept, in bytes: every open, waiting and recently
+/// closed session is remembered by its id, and ids come from producers.
+pub const MAX_SESSION_ID_BYTES: usize = 256;
+
+/// The session a message belongs to, if any: the text of its id header,
+/// when it is not empty and not over [`MAX_SESSION_ID_BYTES`].
 pub(crate) fn session_id(envelope: &Envelope, config: &config::Sessions) -> Option<Arc<str>> {
     let text = value_text(envelope.header(&config.id_header)?)?;
-    (!text.is_empty()).then(|| Arc::from(text.as_ref()))
+    (!text.is_empty() && text.len() <= MAX_SESSION_ID_BYTES).then(|| Arc::from(text.as_ref()))
+}
+
+/// Why a message is barred for its session id: one over
+/// [`MAX_SESSION_ID_BYTES`] is dead-lettered alone as `malformed`.
+pub(crate) fn oversized_id(envelope: &Envelope, config: &config::Sessions) -> Option<Barred> {
+    let text = value_text(envelope.header(&config.id_header)?)?;
+    (text.len() > MAX_SESSION_ID_BYTES).then_some(Barred::SessionIdTooLong {
+        bytes: text.len(),
+        limit: MAX_SESSION_ID_BYTES,
+    })
 }
 
 /// Whether the message ends its session: its end header is the boolean
@@ -108,6 +123,24 @@ mod tests {
             Some("42".to_owned())
         );
         assert_eq!(id(vec![("session-id", text(""))]), None);
+        let longest = "s".repeat(MAX_SESSION_ID_BYTES);
+        assert_eq!(
+            id(vec![("session-id", text(&longest))]),
+            Some(longest.clone())
+        );
+        let over = format!("{longest}s");
+        assert_eq!(id(vec![("session-id", text(&over))]), None);
+        assert_eq!(
+            oversized_id(&envelope(vec![("session-id", text(&over))]), &config),
+            Some(Barred::SessionIdTooLong {
+                bytes: MAX_SESSION_ID_BYTES + 1,
+                limit: MAX_SESSION_ID_BYTES
+            })
+        );
+        assert_eq!(
+            oversized_id(&envelope(vec![("session-id", text(&longest))]), &config),
+            None
+        );
         assert_eq!(id(vec![("other", text("x"))]), None);
         assert_eq!(
             id(vec![(

@@ -29,5 +29,5 @@ mod task;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use membership::Arrival;
+pub(crate) use membership::{Arrival, oversized_id};
 pub(crate) use registry::Sessions;

@@ -255,9 +255,7 @@ impl Sessions {
             registry.open.remove(id);
         }
         if closing == Closing::Closed {
-            let now = Instant::now();
-            registry.closed.insert(id.clone(), now);
-            registry.closed_order.push_back((now, id.clone()));
+            registry.remember_closed(id.clone(), Instant::now(), MAX_CLOSED);
         }
         self.telemetry.session_released();
         self.promote(&mut registry);
@@ -335,7 +333,26 @@ impl Sessions {
     }
 }
 
+/// Closed sessions remembered at most (ids come from producers, up to
+/// 256 bytes each: some 40 MiB at worst). Past it the oldest are forgotten
+/// before their `closed_ttl_ms`: a late message of one of those opens a new
+/// session instead of being dead-lettered `session-closed`.
+const MAX_CLOSED: usize = 100_000;
+
 impl Registry {
+    /// Remembers `id` as closed `now`, forgetting the oldest past `bound`.
+    fn remember_closed(&mut self, id: Arc<str>, now: Instant, bound: usize) {
+        self.closed.insert(id.clone(), now);
+        self.closed_order.push_back((now, id));
+        while self.closed_order.len() > bound {
+            if let Some((at, id)) = self.closed_order.pop_front()
+                && self.closed.get(&id) == Some(&at)
+            {
+                self.closed.remove(&id);
+            }
+        }
+    }
+
     /// Drops closed sessions older than `ttl`.
     fn forget_closed(&mut self, ttl: Duration) {
         while let Some((at, id)) = self.closed_order.front() {
@@ -372,5 +389,25 @@ mod tests {
         assert!(!registry.closed.contains_key("old"));
         assert!(registry.closed.contains_key("new"));
         assert_eq!(registry.closed_order.len(), 1);
+    }
+
+    #[test]
+    fn closed_sessions_past_the_bound_are_forgotten_oldest_first() {
+        let mut registry = Registry::default();
+        let now = Instant::now();
+        let at = |i: u64| now + Duration::from_millis(i);
+        for (i, id) in ["a", "b", "a", "c", "d"].into_iter().enumerate() {
+            registry.remember_closed(id.into(), at(i as u64), 3);
+        }
+        // "a" closed again is remembered from its second closing.
+        let mut kept: Vec<&str> = registry.closed.keys().map(|k| &**k).collect();
+        kept.sort_unstable();
+        assert_eq!(kept, ["a", "c", "d"]);
+        assert_eq!(registry.closed_order.len(), 3);
+        for i in 0..10 {
+            registry.remember_closed(format!("s{i}").into(), at(10 + i), 3);
+        }
+        assert_eq!(registry.closed.len(), 3);
+        assert!(registry.closed.contains_key("s9"));
     }
 }
