@@ -6,7 +6,10 @@
 //!   reason in the body.
 //! - `GET /metrics`: every metric in the Prometheus text format.
 //!
-//! Anything else is 404 (405 for another method on these paths). The server
+//! Anything else is 404 (405 for another method on these paths). Anyone
+//! who can reach the port can hold its resources only so far: at most
+//! [`MAX_CONNECTIONS`] connections are served at once, each serves one
+//! request, whose headers must arrive within 5 s and fit in 16 KiB. The server
 //! stops accepting when its stop token is cancelled, which the forwarder's
 //! run does once it has stopped, and gives open connections a moment to
 //! finish their request.
@@ -29,6 +32,12 @@ use tokio_util::task::TaskTracker;
 
 /// A slow client may take this long to send its request headers.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections served at once. More wait in the listen backlog, costing
+/// nothing here, until one of these ends (within `HEADER_TIMEOUT` for a
+/// client that sends nothing, as every connection serves one request).
+pub const MAX_CONNECTIONS: usize = 32;
+/// The most a request may take in memory, headers included.
+const MAX_REQUEST_BYTES: usize = 16 * 1024;
 /// How long open connections get to finish once the server stops.
 const DRAIN: Duration = Duration::from_secs(1);
 
@@ -106,7 +115,15 @@ impl Admin {
     pub async fn serve(self, telemetry: Telemetry, readiness: Ready, stop: CancellationToken) {
         telemetry.admin_listening(self.addr);
         let connections = TaskTracker::new();
+        let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
         loop {
+            let slot = tokio::select! {
+                () = stop.cancelled() => break,
+                slot = slots.clone().acquire_owned() => match slot {
+                    Ok(slot) => slot,
+                    Err(_) => break,
+                },
+            };
             let accepted = tokio::select! {
                 () = stop.cancelled() => break,
                 accepted = self.listener.accept() => accepted,
@@ -122,6 +139,7 @@ impl Admin {
             };
             let (telemetry, readiness, stop) = (telemetry.clone(), readiness.clone(), stop.clone());
             connections.spawn(async move {
+                let _slot = slot;
                 let service = service_fn(|request| {
                     let response = respond(&request, &telemetry, &readiness);
                     async move { Ok::<_, Infallible>(response) }
@@ -129,6 +147,10 @@ impl Admin {
                 let connection = http1::Builder::new()
                     .timer(TokioTimer::new())
                     .header_read_timeout(HEADER_TIMEOUT)
+                    // One request per connection: an idle keep-alive
+                    // connection would hold its slot with no bound.
+                    .keep_alive(false)
+                    .max_buf_size(MAX_REQUEST_BYTES)
                     .serve_connection(TokioIo::new(stream), service);
                 let mut connection = std::pin::pin!(connection);
                 let result = tokio::select! {

@@ -4,7 +4,8 @@
 //! moving as messages are forwarded, fail over and are dead-lettered. Each
 //! forwarder has its own metrics, so the counts are exact even with other
 //! tests' forwarders running in this process. A second instance on the
-//! first one's admin port is told what to change.
+//! first one's admin port is told what to change. Idle connections to the
+//! admin port are bounded and closed, and forwarding goes on meanwhile.
 
 mod support;
 
@@ -401,5 +402,86 @@ async fn a_second_instance_is_told_how_to_share_the_host() {
         assert_eq!(got, want, "{queue}: each message once");
     }
     drop((first, second));
+    delete_all_with_prefix(&p).await;
+}
+
+/// Open descriptors of process `pid`.
+fn open_files(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count)
+}
+
+/// Anyone who can reach the admin port holds it only so far: 100
+/// connections that send nothing cost the real binary at most 32 served at
+/// once (its open descriptors stay bounded), each is closed within the
+/// header timeout, `/healthz` answers again once they are gone, and
+/// forwarding goes on meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_to_the_admin_port_are_bounded_and_forwarding_goes_on() {
+    const IDLE: usize = 100;
+    let p = unique_prefix("admin-idle");
+    let broker = TestBroker::connect(&p).await;
+    let inbound = format!("{p}.in");
+    let port = free_port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}")
+        .parse()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let toml = Forwarder::new(&p).seed(&p).admin(&addr.to_string()).toml();
+    let forwarder = Process::spawn(&p, &toml);
+    wait_consumers(&broker, &inbound, 1).await;
+    assert_eq!(get(addr, "/healthz").await.status, 200);
+    let before = open_files(forwarder.pid());
+
+    let mut idle = Vec::new();
+    for _ in 0..IDLE {
+        match tokio::net::TcpStream::connect(addr).await {
+            Ok(stream) => idle.push(stream),
+            Err(e) => panic!("connect to the admin port: {e}"),
+        }
+    }
+    let bodies: Vec<String> = (0..20).map(|i| format!("m{i}")).collect();
+    broker
+        .publish_many("", &inbound, bodies.iter(), BasicProperties::default())
+        .await;
+    for queue in ["service", "logging"] {
+        broker
+            .await_count(&format!("{p}.{queue}"), 20, DEFAULT_TIMEOUT)
+            .await;
+    }
+    let most = std::sync::atomic::AtomicUsize::new(0);
+    let pid = forwarder.pid();
+    let answered = wait_for(
+        "/healthz answers behind the idle connections",
+        Duration::from_secs(60),
+        || async {
+            most.fetch_max(open_files(pid), std::sync::atomic::Ordering::Relaxed);
+            match tokio::time::timeout(Duration::from_secs(2), http_get(addr, "/healthz")).await {
+                Ok(Ok(response)) => Some(response.status),
+                _ => None,
+            }
+        },
+    )
+    .await;
+    assert_eq!(answered, 200);
+    let most = most.into_inner();
+    assert!(
+        most <= before + 32 + 4,
+        "open descriptors {most}, {before} before the idle connections"
+    );
+    // Every idle connection was closed by the forwarder: each reads EOF.
+    for stream in &mut idle {
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(
+            Duration::from_secs(30),
+            tokio::io::AsyncReadExt::read(stream, &mut byte),
+        )
+        .await;
+        assert!(
+            matches!(read, Ok(Ok(0) | Err(_))),
+            "an idle connection is closed: {read:?}"
+        );
+    }
+    let mut forwarder = forwarder;
+    forwarder.signal("TERM");
+    assert_eq!(forwarder.wait_exit(DEFAULT_TIMEOUT).await, Some(0));
     delete_all_with_prefix(&p).await;
 }
