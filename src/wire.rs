@@ -17,6 +17,10 @@ pub const PUBLISH_ID: &str = "x-switchyard-publish-id";
 pub const REPLAY: &str = "x-switchyard-replay";
 /// On a session's dead letters, the session they belong to.
 pub const SESSION: &str = "x-switchyard-session";
+/// On every copy: the same for every delivery of one inbound message to one
+/// branch, on every redelivery and every forwarder instance, for consumers
+/// that deduplicate (`Envelope::copy_id` says how it is made).
+pub const COPY_ID: &str = "x-switchyard-copy-id";
 /// The startup probe of the dead-letter route, which is not a dead letter.
 pub const PROBE: &str = "x-switchyard-probe";
 

@@ -217,6 +217,7 @@ async fn forged_annotations_are_stripped_from_copies_and_dead_letters() {
             ("x-switchyard-source-queue", amqp_str("forged.queue")),
             ("x-switchyard-dead-lettered-at", AMQPValue::LongLongInt(7)),
             ("x-switchyard-publish-id", AMQPValue::LongLongInt(-1)),
+            ("x-switchyard-copy-id", amqp_str("forged")),
             ("keep", amqp_str("me")),
         ]);
         BasicProperties::default().with_headers(headers)
@@ -236,10 +237,18 @@ async fn forged_annotations_are_stripped_from_copies_and_dead_letters() {
     assert_eq!(copy.body, b"first");
     assert_eq!(
         own_headers(copy),
-        ["x-switchyard-hops", "x-switchyard-publish-id"],
+        [
+            "x-switchyard-copy-id",
+            "x-switchyard-hops",
+            "x-switchyard-publish-id"
+        ],
         "only the forwarder's own annotations"
     );
     assert_eq!(hops(copy), Some(1));
+    assert_ne!(
+        copy.header_str("x-switchyard-copy-id").as_deref(),
+        Some("forged")
+    );
     assert_ne!(
         copy.header("x-switchyard-publish-id"),
         Some(&AMQPValue::LongLongInt(-1))

@@ -34,7 +34,7 @@
 
 use super::Engine;
 use super::outage::{Hold, HoldEnd};
-use crate::amqp::AmqpValue;
+use crate::amqp::{AmqpValue, ShortString};
 use crate::backoff::Backoff;
 use crate::broker::{Attempt, Health, Mode, PublishFailure};
 use crate::destination::Endpoint;
@@ -114,9 +114,12 @@ impl BranchRun {
     /// the branch starts on, now: its outcome is `deliver`'s `first`.
     pub fn submit(&self, engine: &Engine, envelope: &Arc<Envelope>) -> Attempt {
         match self.plan.endpoint(self.at) {
-            Some(endpoint) => engine
-                .publish
-                .publish(endpoint, envelope, Vec::new(), Mode::Normal),
+            Some(endpoint) => {
+                let headers = vec![self.copy_id(envelope)];
+                engine
+                    .publish
+                    .publish(endpoint, envelope, headers, Mode::Normal)
+            }
             None => Box::pin(std::future::ready(Err(PublishFailure::Stopped))),
         }
     }
@@ -312,11 +315,11 @@ impl BranchRun {
             let envelope = &run[index];
             let replay = index < newest;
             let extra = || {
+                let mut headers = vec![self.copy_id(envelope)];
                 if replay {
-                    vec![(wire::REPLAY.into(), AmqpValue::Boolean(true))]
-                } else {
-                    Vec::new()
+                    headers.push((wire::REPLAY.into(), AmqpValue::Boolean(true)));
                 }
+                headers
             };
             let mut sent = match (replay, first.take()) {
                 (false, Some(first)) => first.await,
@@ -349,6 +352,12 @@ impl BranchRun {
             }
         }
         Ok(())
+    }
+
+    /// The `x-switchyard-copy-id` header of `envelope` on this branch.
+    fn copy_id(&self, envelope: &Envelope) -> (ShortString, AmqpValue) {
+        let id = envelope.copy_id(&self.plan.name);
+        (wire::COPY_ID.into(), AmqpValue::LongString(id.into()))
     }
 
     /// The place after the current one to move to: the next endpoint that
