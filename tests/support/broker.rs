@@ -237,6 +237,12 @@ impl TestBroker {
             .unwrap_or_else(|e| panic!("declare queue {name}: {e}"));
     }
 
+    /// Declares durable quorum queue `name` (`x-queue-type = quorum`).
+    pub async fn declare_quorum_queue(&self, name: &str) {
+        let args = field_table([("x-queue-type", amqp_str("quorum"))]);
+        self.declare_queue_with(name, args).await
+    }
+
     /// Declares a durable exchange of `kind`.
     pub async fn declare_exchange(&self, name: &str, kind: ExchangeKind) {
         self.channel

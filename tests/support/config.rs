@@ -147,6 +147,10 @@ impl Keys {
         }
     }
 
+    fn has(&self, name: &str) -> bool {
+        self.0.iter().any(|(k, _)| k == name)
+    }
+
     fn unset(&mut self, name: &str) {
         self.0.retain(|(k, _)| k != name);
     }
@@ -477,6 +481,30 @@ impl Forwarder {
             .filter("all", Filter::match_all())
             .branch(Branch::new("service", "all", "service").backups("service_backups"))
             .branch(Branch::new("logging", "all", "logging").backups("logging_backups"))
+    }
+
+    /// The smallest forwarding shape: one branch "service" over every
+    /// message to queue `<p>.service`, no backup list.
+    pub fn match_all(self, p: &str) -> Self {
+        self.endpoint(Endpoint::queue("service", &format!("{p}.service")))
+            .filter("all", Filter::match_all())
+            .branch(Branch::new("service", "all", "service"))
+    }
+
+    /// Every queue it declares a quorum queue: the inbound queue, the
+    /// dead-letter queue if it has one, and the `declare_queue` of every
+    /// endpoint added so far.
+    pub fn quorum(mut self) -> Self {
+        self.inbound.set("queue_type", "quorum");
+        if self.dead_letter.has("queue") {
+            self.dead_letter.set("queue_type", "quorum");
+        }
+        for endpoint in &mut self.endpoints {
+            if endpoint.keys.has("declare_queue") {
+                endpoint.keys.set("declare_queue_type", "quorum");
+            }
+        }
+        self
     }
 
     /// The TOML text.

@@ -61,11 +61,7 @@ pub fn seed_toml(p: &str, top: &str) -> String {
 /// The smallest forwarding shape after `top`: one branch "service" over
 /// every message to queue `<p>.service`, no backup list.
 pub fn match_all_toml(p: &str, top: &str) -> String {
-    let routing = Forwarder::new(p)
-        .endpoint(Endpoint::queue("service", &format!("{p}.service")))
-        .filter("all", Filter::match_all())
-        .branch(Branch::new("service", "all", "service"));
-    format!("{top}{}", routing.routing_toml())
+    format!("{top}{}", Forwarder::new(p).match_all(p).routing_toml())
 }
 
 /// Declares the inbound queue `<p>.in` exactly as a forwarder on
@@ -76,6 +72,22 @@ pub async fn declare_inbound(broker: &TestBroker, p: &str) {
     let args = field_table([
         ("x-dead-letter-exchange", amqp_str(&format!("{p}.dlx"))),
         ("x-dead-letter-routing-key", amqp_str(&format!("{p}.dlq"))),
+    ]);
+    broker.declare_queue_with(&format!("{p}.in"), args).await;
+}
+
+/// Declares the inbound queue `<p>.in` as a quorum queue, exactly as a
+/// forwarder on [`top_toml`] in `nack` mode with `inbound.queue_type =
+/// "quorum"` creates it: [`declare_inbound`]'s arguments, the type, and
+/// at-least-once dead-lettering (`x-dead-letter-strategy`, with the
+/// `x-overflow = reject-publish` it needs).
+pub async fn declare_inbound_quorum(broker: &TestBroker, p: &str) {
+    let args = field_table([
+        ("x-queue-type", amqp_str("quorum")),
+        ("x-dead-letter-exchange", amqp_str(&format!("{p}.dlx"))),
+        ("x-dead-letter-routing-key", amqp_str(&format!("{p}.dlq"))),
+        ("x-dead-letter-strategy", amqp_str("at-least-once")),
+        ("x-overflow", amqp_str("reject-publish")),
     ]);
     broker.declare_queue_with(&format!("{p}.in"), args).await;
 }
