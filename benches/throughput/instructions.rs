@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use crate::modes::run_at_backlogs;
+use crate::modes::{queues_label, run_at_backlogs};
 use crate::opts::Opts;
 use crate::report::median;
 use crate::rows::{Ctx, Outcome, Row};
@@ -27,7 +27,8 @@ pub async fn run(
     let small = large / 4;
     let all = run_at_backlogs(ctx, run_prefix, opts.rounds, rows, &[small, large]).await?;
     println!(
-        "\n## Instructions per message (callgrind), 1 KiB bodies, backlogs {small} and {large}, medians of {} round(s)\n",
+        "\n## Instructions per message (callgrind), 1 KiB bodies{}, backlogs {small} and {large}, medians of {} round(s)\n",
+        queues_label(opts),
         opts.rounds
     );
     println!("{}", table(&all, rows, opts.rounds, (small, large)));

@@ -153,6 +153,7 @@ async fn bench(opts: Opts, run_prefix: String) -> Result<(), String> {
         },
         target,
         prefetch: opts.prefetch,
+        quorum: opts.quorum,
         stall: Duration::from_secs(opts.stall_secs),
         clock_ticks: procfs::clock_ticks_per_sec(),
         forwarder_cpus: opts.split_cores.then(|| "1".to_owned()),
@@ -254,6 +255,7 @@ async fn header(opts: &Opts, ctx: &Ctx, shovel_note: Option<String>) -> String {
             },
             opts.rounds
         ),
+        format!("- queues: {}", queues_note(opts.quorum)),
     ];
     if opts.rows().iter().any(|r| matches!(r, Row::B1 | Row::B1H)) {
         lines.push(
@@ -266,4 +268,14 @@ async fn header(opts: &Opts, ctx: &Ctx, shovel_note: Option<String>) -> String {
         lines.push(format!("- shovel plugin: {note}"));
     }
     lines.join("\n")
+}
+
+/// What kind of queues the run declares.
+fn queues_note(quorum: bool) -> &'static str {
+    if quorum {
+        "quorum (x-queue-type = quorum, durable): every source, destination, backup and \
+         dead-letter queue"
+    } else {
+        "classic (declared without x-queue-type), durable"
+    }
 }

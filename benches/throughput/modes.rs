@@ -18,6 +18,11 @@ pub const MAIN_SIZE: usize = 1024;
 /// The body size of the second memory figure.
 const LARGE_SIZE: usize = 65536;
 
+/// ", quorum queues" for a heading in quorum mode; nothing otherwise.
+pub fn queues_label(opts: &Opts) -> &'static str {
+    if opts.quorum { ", quorum queues" } else { "" }
+}
+
 /// Runs `plans` one after the other, printing a line per run; stops at the first failure.
 async fn run_all(ctx: &Arc<Ctx>, plans: Vec<Plan>, out: &mut Vec<Outcome>) -> Result<(), String> {
     for plan in plans {
@@ -115,8 +120,9 @@ pub async fn default_run(
     };
 
     println!(
-        "\n## Throughput: {} bodies, backlog {}, medians of {} round(s)\n",
+        "\n## Throughput: {} bodies{}, backlog {}, medians of {} round(s)\n",
         report::size_label(MAIN_SIZE),
+        queues_label(opts),
         opts.backlog,
         opts.rounds
     );
@@ -152,8 +158,9 @@ pub async fn split(
     let by_size = process_rows(rows);
     let swept = sweep_sizes(opts, ctx, run_prefix, &by_size, &mut all).await?;
     println!(
-        "\n## Split cores: broker on CPU 0, forwarder on CPU 1; {} bodies, backlog {}, medians of {} round(s)\n",
+        "\n## Split cores: broker on CPU 0, forwarder on CPU 1; {} bodies{}, backlog {}, medians of {} round(s)\n",
         report::size_label(MAIN_SIZE),
+        queues_label(opts),
         opts.backlog,
         opts.rounds
     );
@@ -236,9 +243,10 @@ pub async fn scale(
     let all = run_at_backlogs(ctx, run_prefix, opts.rounds, rows, &backlogs).await?;
     let labels: Vec<&str> = rows.iter().map(|r| r.label()).collect();
     println!(
-        "\n## Scale: {} by backlog, {} bodies, medians of {} round(s)\n",
+        "\n## Scale: {} by backlog, {} bodies{}, medians of {} round(s)\n",
         labels.join(" and "),
         report::size_label(MAIN_SIZE),
+        queues_label(opts),
         opts.rounds
     );
     println!("{}", report::scale(&all, rows, MAIN_SIZE, &backlogs));

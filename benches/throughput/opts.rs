@@ -41,6 +41,9 @@ pub struct Opts {
     /// The shovels' URI: `direct` (amqp://, Shovel's in-broker connection) or `tcp` (the broker's URL).
     #[arg(long, default_value = "direct", value_parser = ["direct", "tcp"])]
     pub(crate) shovel_uri: String,
+    /// Declare every queue of the run as a quorum queue (x-queue-type = quorum, durable): sources, destinations, backups, dead letters.
+    #[arg(long)]
+    pub(crate) quorum: bool,
     /// Run on a private node pinned to CPU 0, the forwarder pinned to CPU 1.
     #[arg(long)]
     pub(crate) split_cores: bool,

@@ -1,7 +1,9 @@
 //! The rows of the table: what each one declares, preloads and starts, and
 //! what it checks afterwards. Every name starts with the row's prefix; a
 //! row's [`Topology`] is known before it starts, so it is removed whatever
-//! happens to the row.
+//! happens to the row. Every queue is durable: classic, or with `--quorum`
+//! a quorum queue, whoever declares it (the benchmark, or the forwarder on
+//! its configuration).
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -14,8 +16,9 @@ use tokio_util::task::AbortOnDropHandle;
 use crate::bare;
 use crate::callgrind;
 use crate::support::TestBroker;
+use crate::support::config::Forwarder;
 use crate::support::harness::{
-    Process, Wrap, declare_inbound, match_all_toml, seed_toml, top_toml_at, wait_consumers,
+    Process, Wrap, declare_inbound, declare_inbound_quorum, wait_consumers,
 };
 use crate::target::Target;
 use crate::window::{Mover, Watch, Window};
@@ -118,6 +121,8 @@ impl FromStr for Row {
 pub struct Ctx {
     pub target: Target,
     pub prefetch: u32,
+    /// Every queue a quorum queue (`--quorum`).
+    pub quorum: bool,
     /// The URI the shovels use for both ends.
     pub shovel_uri: String,
     pub stall: Duration,
@@ -318,6 +323,45 @@ pub fn body(i: u64, size: usize) -> Vec<u8> {
     body
 }
 
+/// Declares `queue`, durable, a quorum queue in quorum mode.
+async fn declare_queue(ctx: &Ctx, broker: &TestBroker, queue: &str) {
+    if ctx.quorum {
+        broker.declare_quorum_queue(queue).await;
+    } else {
+        broker.declare_queue(queue).await;
+    }
+}
+
+/// Declares the inbound queue `{p}.in` as the forwarder on
+/// [`forwarder_toml`] would create it.
+async fn declare_forwarder_inbound(ctx: &Ctx, broker: &TestBroker, p: &str) {
+    if ctx.quorum {
+        declare_inbound_quorum(broker, p).await;
+    } else {
+        declare_inbound(broker, p).await;
+    }
+}
+
+/// The forwarder's configuration under `p`: F1's one branch or the seed
+/// scenario (F2), `nack` dead-lettering, a 10 s shutdown bound, the run's
+/// prefetch; in quorum mode every queue it declares is a quorum queue.
+fn forwarder_toml(ctx: &Ctx, p: &str, row: Row) -> String {
+    let forwarder = Forwarder::at(&ctx.target.url, p)
+        .mode("nack")
+        .top("shutdown_timeout_ms", 10_000)
+        .inbound("prefetch", ctx.prefetch);
+    let forwarder = match row {
+        Row::F1 => forwarder.match_all(p),
+        _ => forwarder.seed(p),
+    };
+    let forwarder = if ctx.quorum {
+        forwarder.quorum()
+    } else {
+        forwarder
+    };
+    forwarder.toml()
+}
+
 /// Fills `queue` with `n` persistent messages of `size` bytes.
 async fn preload(broker: &TestBroker, queue: &str, n: u64, size: usize) {
     let messages = (0..n).map(|i| {
@@ -374,7 +418,7 @@ async fn forwarder(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
     let q = |s: &str| format!("{p}.{s}");
     // The same inbound queue for B1 as for F1 (its dead-letter arguments
     // unused), so that the broker does the same work.
-    declare_inbound(broker, p).await;
+    declare_forwarder_inbound(ctx, broker, p).await;
     let queues = Topology::of(plan.row, p).queues;
     let dead_letters = queues.contains(&q("dlq")).then(|| q("dlq"));
     // The endpoint queues: all but the inbound and the dead-letter queue.
@@ -384,16 +428,15 @@ async fn forwarder(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
         .collect();
     // Declared as the forwarder declares them, so that polls find them.
     for queue in &outputs {
-        broker.declare_queue(queue).await;
+        declare_queue(ctx, broker, queue).await;
     }
     preload(broker, &q("in"), plan.backlog, plan.size).await;
 
-    let top = top_toml_at(&ctx.target.url, p, "nack", 10_000, ctx.prefetch);
     let (toml, branches) = match plan.row {
         Row::B1 | Row::B1H => (String::new(), vec![vec![q("service")]]),
-        Row::F1 => (match_all_toml(p, &top), vec![vec![q("service")]]),
+        Row::F1 => (forwarder_toml(ctx, p, Row::F1), vec![vec![q("service")]]),
         _ => (
-            seed_toml(p, &top),
+            forwarder_toml(ctx, p, Row::F2),
             vec![
                 vec![q("service"), q("service.backup")],
                 vec![q("logging"), q("logging.backup")],
@@ -479,7 +522,7 @@ async fn shovels(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
     let q = |s: &str| format!("{p}.{s}");
     let topology = Topology::of(plan.row, p);
     for queue in &topology.queues {
-        broker.declare_queue(queue).await;
+        declare_queue(ctx, broker, queue).await;
     }
     let definition = |src: &str, dest: serde_json::Value| shovel_definition(ctx, src, dest);
     let (definitions, destinations) = match plan.row {
@@ -579,7 +622,7 @@ pub async fn start_seed_shovel(ctx: &Ctx, broker: &TestBroker, p: &str) {
     let q = |s: &str| format!("{p}.{s}");
     let topology = Topology::of_seed_shovel(p);
     for queue in &topology.queues {
-        broker.declare_queue(queue).await;
+        declare_queue(ctx, broker, queue).await;
     }
     let fanout = q("fanout");
     broker.declare_exchange(&fanout, ExchangeKind::Fanout).await;
@@ -597,9 +640,8 @@ pub async fn start_seed_shovel(ctx: &Ctx, broker: &TestBroker, p: &str) {
 /// Starts the seed scenario's forwarder on an empty inbound queue and waits
 /// until it consumes (for the latency run).
 pub async fn start_seed_forwarder(ctx: &Ctx, broker: &TestBroker, p: &str) -> Process {
-    declare_inbound(broker, p).await;
-    let top = top_toml_at(&ctx.target.url, p, "nack", 10_000, ctx.prefetch);
-    let process = Process::spawn(p, &seed_toml(p, &top));
+    declare_forwarder_inbound(ctx, broker, p).await;
+    let process = Process::spawn(p, &forwarder_toml(ctx, p, Row::F2));
     wait_consumers(broker, &format!("{p}.in"), 1).await;
     process
 }
