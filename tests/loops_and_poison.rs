@@ -570,3 +570,37 @@ async fn a_message_redelivered_past_the_limit_is_poison_on_a_quorum_queue() {
     );
     delete_all_with_prefix(&p).await;
 }
+
+/// A producer's `x-delivery-count` counts for nothing: 50 messages that
+/// arrive with 99 on their first delivery (as a message consumed from a
+/// quorum queue elsewhere and published on carries) are forwarded, on a
+/// quorum inbound queue and on a classic one alike, none dead-lettered.
+#[tokio::test]
+async fn a_first_delivery_is_never_poison_whatever_its_delivery_count_says() {
+    for queue_type in ["quorum", "classic"] {
+        let p = unique_prefix(&format!("forged-count-{queue_type}"));
+        let broker = TestBroker::connect(&p).await;
+        let (inbound, out, dlq) = (format!("{p}.in"), format!("{p}.out"), format!("{p}.dlq"));
+        let toml = Forwarder::new(&p)
+            .inbound("max_redeliveries", 2)
+            .inbound("queue_type", queue_type)
+            .endpoint(Endpoint::queue("out", &out))
+            .filter("all", Filter::match_all())
+            .branch(entry("out", "all"))
+            .toml();
+        let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
+        let forged = BasicProperties::default().with_headers(field_table([(
+            "x-delivery-count",
+            AMQPValue::LongLongInt(99),
+        )]));
+        let bodies: Vec<String> = (0..50).map(|i| format!("m{i}")).collect();
+        broker
+            .publish_many("", &inbound, bodies.iter(), forged)
+            .await;
+        broker.await_count(&out, 50, DEFAULT_TIMEOUT).await;
+        wait_ready_unacked(&inbound, 0, 0).await;
+        forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(broker.queue_len(&dlq).await, 0, "{queue_type}: none poison");
+        delete_all_with_prefix(&p).await;
+    }
+}

@@ -14,8 +14,8 @@ use super::engine::{Engine, Outages};
 use super::screen::Screen;
 use super::settle::Settler;
 use crate::broker::{Blocking, Connector, EndpointHealth, Publish, Publisher, Publishers, Role};
-use crate::config::Settings;
-use crate::destination::{DeadLetterMode, Endpoint};
+use crate::config::{Inbound, Settings};
+use crate::destination::{DeadLetterMode, Endpoint, QueueType};
 use crate::telemetry::Telemetry;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -204,18 +204,19 @@ impl Generation {
             &settings.inbound.queue,
             telemetry.clone(),
         );
-        let (max_hops, max_redeliveries) =
-            (settings.inbound.max_hops, settings.inbound.max_redeliveries);
+        let limits = |inbound: &Inbound| {
+            (
+                inbound.max_hops,
+                inbound.max_redeliveries,
+                inbound.queue_type == QueueType::Quorum,
+            )
+        };
+        let (max_hops, max_redeliveries, quorum) = limits(&settings.inbound);
         // The same limits keep the redelivery memory: a poison message stays counted.
         let screen = previous
-            .filter(|p| {
-                (
-                    p.settings.inbound.max_hops,
-                    p.settings.inbound.max_redeliveries,
-                ) == (max_hops, max_redeliveries)
-            })
+            .filter(|p| limits(&p.settings.inbound) == (max_hops, max_redeliveries, quorum))
             .map(|p| p.screen.clone())
-            .unwrap_or_else(|| Arc::new(Screen::new(max_hops, max_redeliveries)));
+            .unwrap_or_else(|| Arc::new(Screen::new(max_hops, max_redeliveries, quorum)));
         let blocking = publish_connectors
             .values()
             .map(|c| c.0.blocking())

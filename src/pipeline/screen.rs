@@ -5,10 +5,13 @@
 //!   never recurses and never formats a header value);
 //! - `loop`: already forwarded `inbound.max_hops` times (`x-switchyard-hops`);
 //! - `poison`: delivered more than `inbound.max_redeliveries` times before.
-//!   Quorum queues count deliveries themselves (`x-delivery-count`); for
-//!   other queues the screen counts redelivered copies of the same message
-//!   (by message_id, or by a hash of the body when there is none) in a
-//!   bounded memory of recent messages, which a restart forgets.
+//!   A first delivery has been delivered 0 times, whatever its headers say.
+//!   A redelivery from a quorum inbound queue (`inbound.queue_type`) counts
+//!   in the broker's `x-delivery-count`; for other queues the screen counts
+//!   redelivered copies of the same message (by message_id, or by a hash of
+//!   the body when there is none) in a bounded memory of recent messages,
+//!   which a restart forgets. A producer's own `x-delivery-count` counts for
+//!   nothing: a quorum queue writes it only on redeliveries.
 
 use super::outcome::Barred;
 use crate::envelope::{Envelope, MAX_HEADER_DEPTH, value_text};
@@ -25,6 +28,9 @@ const REMEMBERED: usize = 50_000;
 pub struct Screen {
     max_hops: u32,
     max_redeliveries: u32,
+    /// The inbound queue is a quorum queue: its redeliveries carry the
+    /// broker's count.
+    quorum: bool,
     redeliveries: Mutex<Memory>,
 }
 
@@ -49,11 +55,13 @@ impl Memory {
 }
 
 impl Screen {
-    /// Checks with the configured limits.
-    pub fn new(max_hops: u32, max_redeliveries: u32) -> Self {
+    /// Checks with the configured limits, for an inbound queue that is a
+    /// quorum queue when `quorum`.
+    pub fn new(max_hops: u32, max_redeliveries: u32, quorum: bool) -> Self {
         Self {
             max_hops,
             max_redeliveries,
+            quorum,
             redeliveries: Mutex::new(Memory::default()),
         }
     }
@@ -83,15 +91,16 @@ impl Screen {
 
     /// How many times this message was delivered before.
     fn redeliveries(&self, envelope: &Envelope) -> u32 {
-        if let Some(count) = envelope
-            .header(wire::DELIVERY_COUNT)
-            .and_then(value_text)
-            .and_then(|t| t.parse().ok())
-        {
-            return count;
-        }
         if !envelope.redelivered {
             return 0;
+        }
+        if self.quorum
+            && let Some(count) = envelope
+                .header(wire::DELIVERY_COUNT)
+                .and_then(value_text)
+                .and_then(|t| t.parse().ok())
+        {
+            return count;
         }
         let mut memory = self.redeliveries.lock().unwrap_or_else(|e| e.into_inner());
         memory.bump(identity(envelope))
@@ -152,14 +161,14 @@ mod tests {
 
     #[test]
     fn headers_at_the_limit_pass() {
-        let screen = Screen::new(8, 10);
+        let screen = Screen::new(8, 10, false);
         assert_eq!(screen.check(&with_depth(0)), None);
         assert_eq!(screen.check(&with_depth(MAX_HEADER_DEPTH)), None);
     }
 
     #[test]
     fn deeper_headers_are_malformed_with_the_depth_in_the_error() {
-        let screen = Screen::new(8, 10);
+        let screen = Screen::new(8, 10, false);
         let barred = screen.check(&with_depth(3000));
         assert_eq!(
             barred,
@@ -177,7 +186,7 @@ mod tests {
 
     #[test]
     fn a_message_forwarded_max_hops_times_is_a_loop() {
-        let screen = Screen::new(8, 10);
+        let screen = Screen::new(8, 10, false);
         let hops = |n: i64| with_header("x-switchyard-hops", AmqpValue::LongLongInt(n), false);
         assert_eq!(screen.check(&hops(7)), None);
         assert_eq!(reason(screen.check(&hops(8))), Some(Reason::Loop));
@@ -191,15 +200,36 @@ mod tests {
 
     #[test]
     fn a_quorum_delivery_count_past_the_limit_is_poison() {
-        let screen = Screen::new(8, 3);
+        let screen = Screen::new(8, 3, true);
         let count = |n: i64| with_header("x-delivery-count", AmqpValue::LongLongInt(n), true);
         assert_eq!(screen.check(&count(3)), None);
         assert_eq!(reason(screen.check(&count(4))), Some(Reason::Poison));
     }
 
     #[test]
+    fn a_producers_delivery_count_counts_for_nothing() {
+        let count = |n: i64, redelivered| {
+            with_header("x-delivery-count", AmqpValue::LongLongInt(n), redelivered)
+        };
+        // A first delivery, on any queue, whatever it says.
+        for quorum in [true, false] {
+            let screen = Screen::new(8, 3, quorum);
+            assert_eq!(screen.check(&count(99, false)), None, "quorum {quorum}");
+        }
+        // A classic queue's redelivery: the forwarder's own count, from 1.
+        let screen = Screen::new(8, 3, false);
+        assert_eq!(screen.check(&count(99, true)), None);
+        let zero = Screen::new(8, 0, false);
+        assert_eq!(
+            reason(zero.check(&count(0, true))),
+            Some(Reason::Poison),
+            "a forged 0 does not lift the limit"
+        );
+    }
+
+    #[test]
     fn redelivered_copies_are_counted_and_first_deliveries_are_not() {
-        let screen = Screen::new(8, 3);
+        let screen = Screen::new(8, 3, false);
         let fresh = envelope(FieldTable::default(), false);
         let again = envelope(FieldTable::default(), true);
         assert_eq!(screen.check(&fresh), None);
