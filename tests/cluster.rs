@@ -32,7 +32,7 @@ use std::time::Duration;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
 use support::cluster::{PrivateCluster, wait_every};
-use support::config::{Branch, Endpoint, Filter, Forwarder, Value};
+use support::config::{Endpoint, Forwarder};
 use support::harness::Process;
 use support::raw::{RawClient, RawMessage};
 use support::{Metrics, http_get, try_rabbitmqctl, unique_prefix};
@@ -179,36 +179,15 @@ impl Rig {
     fn toml(&self) -> String {
         let p = &self.p;
         let urls = self.cluster.amqp_urls();
-        let mut forwarder = Forwarder::at(&urls[0], p)
+        Forwarder::at(&urls[0], p)
+            .broker_nodes("main", &urls)
             .mode("nack")
             .inbound("queue_type", "quorum")
             .inbound("prefetch", 200)
             .dead_letter("queue_type", "quorum")
-            .admin(&self.admin.to_string());
-        for (name, queue) in [
-            ("service", "service"),
-            ("service_backup", "service.backup"),
-            ("logging", "logging"),
-            ("logging_backup", "logging.backup"),
-        ] {
-            forwarder =
-                forwarder.endpoint(Endpoint::queue(name, &format!("{p}.{queue}")).undeclared());
-        }
-        let toml = forwarder
-            .backup_list("service_backups", &["service_backup"])
-            .backup_list("logging_backups", &["logging_backup"])
-            .filter("all", Filter::match_all())
-            .branch(Branch::new("service", "all", "service").backups("service_backups"))
-            .branch(Branch::new("logging", "all", "logging").backups("logging_backups"))
-            .toml();
-        // The builder knows `uri` only: its one line becomes `uris`.
-        let uri_line = format!("uri = {}", Value::from(urls[0].as_str()));
-        assert_eq!(toml.matches(&uri_line).count(), 1, "{toml}");
-        toml.replacen(
-            &uri_line,
-            &format!("uris = {}", Value::from(urls.as_slice())),
-            1,
-        )
+            .admin(&self.admin.to_string())
+            .seed_with(p, Endpoint::undeclared)
+            .toml()
     }
 
     /// Waits until the forwarder consumes from the inbound queue.

@@ -350,7 +350,7 @@ async fn a_cluster_node_that_is_down_or_refuses_is_named_and_the_next_one_used()
         format!("amqp://guest:guest@localhost:{port}/%2f"),
     );
     let toml = Forwarder::new(&p)
-        .nodes("main", &[&down, &refusing, &good])
+        .broker_nodes("main", &[down, refusing, good])
         .seed(&p)
         .toml();
     let mut process = Process::spawn_with(&p, &toml, &["--fail-fast"], &[]);
@@ -406,7 +406,7 @@ async fn fail_fast_exits_1_when_every_node_refuses() {
         format!("amqp://guest:{password}@localhost:{port}/%2f"),
     ];
     let toml = Forwarder::new(&p)
-        .nodes("main", &[&uris[0], &uris[1]])
+        .broker_nodes("main", &uris)
         .seed(&p)
         .toml();
     let mut process = Process::spawn_with(&p, &toml, &["--fail-fast"], &[]);

@@ -411,11 +411,12 @@ impl Forwarder {
         self
     }
 
-    /// Broker `name` as a cluster's nodes (`uris`), in order of preference.
-    pub fn nodes(mut self, name: &str, urls: &[&str]) -> Self {
+    /// Broker `name` (`main`, say) as a cluster: `uris`, the nodes in
+    /// order of preference, instead of one `uri`.
+    pub fn broker_nodes(mut self, name: &str, uris: &[String]) -> Self {
         self.brokers.retain(|(n, _)| n != name);
         let mut keys = Keys::default();
-        keys.set("uris", urls);
+        keys.set("uris", uris);
         self.brokers.push((name.to_owned(), keys));
         self
     }
@@ -467,6 +468,12 @@ impl Forwarder {
     /// `<p>.service`, `<p>.service.backup`, `<p>.logging`,
     /// `<p>.logging.backup`.
     pub fn seed(self, p: &str) -> Self {
+        self.seed_with(p, |endpoint| endpoint)
+    }
+
+    /// [`Self::seed`] with each endpoint passed through `adapt` (made
+    /// [`Endpoint::undeclared`], say, for queues the test declares itself).
+    pub fn seed_with(self, p: &str, adapt: impl Fn(Endpoint) -> Endpoint) -> Self {
         let mut this = self;
         for (name, queue) in [
             ("service", "service"),
@@ -474,7 +481,7 @@ impl Forwarder {
             ("logging", "logging"),
             ("logging_backup", "logging.backup"),
         ] {
-            this = this.endpoint(Endpoint::queue(name, &format!("{p}.{queue}")));
+            this = this.endpoint(adapt(Endpoint::queue(name, &format!("{p}.{queue}"))));
         }
         this.backup_list("service_backups", &["service_backup"])
             .backup_list("logging_backups", &["logging_backup"])
