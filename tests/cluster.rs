@@ -35,7 +35,7 @@ use support::cluster::{PrivateCluster, wait_every};
 use support::config::{Endpoint, Forwarder};
 use support::harness::Process;
 use support::raw::{RawClient, RawMessage};
-use support::{Metrics, http_get, try_rabbitmqctl, unique_prefix};
+use support::{Metrics, free_admin_addr, http_get, try_rabbitmqctl, unique_prefix};
 use tokio::time::{Instant, MissedTickBehavior};
 
 const NODES: usize = 3;
@@ -439,15 +439,6 @@ impl Rig {
         raw.close().await;
         Accounting { queues, published }
     }
-}
-
-/// A loopback address nothing listens on, for the admin endpoint.
-fn free_admin_addr() -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap_or_else(|e| panic!("bind a free port: {e}"));
-    listener
-        .local_addr()
-        .unwrap_or_else(|e| panic!("admin addr: {e}"))
 }
 
 /// What the queues held at the end.

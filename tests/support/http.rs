@@ -57,6 +57,15 @@ pub async fn http_request(
     })
 }
 
+/// A loopback address nothing listens on, for an admin endpoint.
+pub fn free_admin_addr() -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap_or_else(|e| panic!("bind a free port: {e}"));
+    listener
+        .local_addr()
+        .unwrap_or_else(|e| panic!("admin addr: {e}"))
+}
+
 /// One sample's identity: metric name and labels.
 pub type Series = (String, BTreeMap<String, String>);
 
