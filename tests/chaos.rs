@@ -199,12 +199,14 @@ impl Chaos {
         *self.phase.lock().unwrap_or_else(|e| e.into_inner()) = phase.to_string();
     }
 
+    /// Starts the forwarder; its log and configuration are kept until the
+    /// end, and removed there only when the run went well.
     fn spawn_forwarder(&self) -> Process {
-        let process = Process::spawn(&self.p, &self.toml);
-        self.log_paths
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(process.log_path.clone());
+        let mut process = Process::spawn(&self.p, &self.toml);
+        process.keep_files();
+        let mut paths = self.log_paths.lock().unwrap_or_else(|e| e.into_inner());
+        paths.push(process.log_path.clone());
+        paths.extend(process.config_path().map(|p| p.to_path_buf()));
         process
     }
 }
@@ -303,8 +305,15 @@ async fn chaos_loses_nothing_under_faults() {
             "the forwarder exited {unexpected} time(s) on its own"
         ));
     }
+    let kept = if problems.is_empty() {
+        String::new()
+    } else {
+        let paths = chaos.log_paths.lock().unwrap_or_else(|e| e.into_inner());
+        let shown: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+        format!("forwarder files kept: {}\n", shown.join(", "))
+    };
     let full = format!(
-        "{}\n{}problems: {}\nelapsed {:.1}s\n",
+        "{}\n{}problems: {}\n{kept}elapsed {:.1}s\n",
         timeline(&chaos),
         report,
         if problems.is_empty() {
