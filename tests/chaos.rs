@@ -11,6 +11,11 @@
 //! or forwarded intact. A one-screen report is printed, and is the failure
 //! message.
 //!
+//! `a_big_header_redelivered_by_a_quorum_queue_does_not_block_it`, ignored
+//! while it fails: the big poison on a quorum inbound queue, delivered
+//! again with `x-delivery-count` added, which takes its header past
+//! `frame_max`, must not keep the forwarder from the messages behind it.
+//!
 //! How the faults are made:
 //! - The publisher is the test's own connection; only confirmed publishes
 //!   count as sent, and what is not confirmed (a restart, an alarm that
@@ -46,9 +51,10 @@ use std::time::Duration;
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+use support::config::Forwarder;
 use support::harness::{Process, seed_toml, top_toml_at};
 use support::raw::{RawClient, RawConfirm, RawMessage, RawProperties, encode};
-use support::{PrivateNode, unique_prefix};
+use support::{PrivateNode, unique_prefix, wait_until, wait_until_every};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
@@ -211,8 +217,13 @@ impl Chaos {
     }
 }
 
+/// The tests of this file run one at a time: each fills a small machine
+/// with broker nodes and a forwarder under load.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_loses_nothing_under_faults() {
+    let _serial = ONE_AT_A_TIME.lock().await;
     let settings = Settings::from_env();
     println!(
         "chaos: seed {} (CHAOS_SEED={} replays it), {} messages, faults {:?}",
@@ -338,6 +349,135 @@ async fn chaos_loses_nothing_under_faults() {
         problems.is_empty(),
         "chaos run failed (CHAOS_SEED={} replays it):\n{full}",
         settings.seed
+    );
+}
+
+/// A message whose content header is `BIG_HEADER_MARGIN` bytes under
+/// `frame_max`, on a quorum inbound queue, handed to a forwarder that dies
+/// before it settles it (paused, then SIGKILLed), with a normal message
+/// behind it: the queue delivers it again with `x-delivery-count` added,
+/// which takes its header past `frame_max`. The forwarder must still
+/// settle it (dead-letter it, or forward it) and forward the message
+/// behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "fails: the redelivered header is 2 bytes over frame_max, the AMQP client refuses the \
+            frame and closes the consumer's connection, and the queue hands the same message to \
+            the next consumer first: reconnects for ever, nothing behind it forwarded; run with \
+            --ignored"]
+async fn a_big_header_redelivered_by_a_quorum_queue_does_not_block_it() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let node = PrivateNode::start().await;
+    let p = unique_prefix("chaos-big");
+    let inbound = format!("{p}.in");
+    let toml = Forwarder::at(&node.amqp_url(), &p)
+        .mode("nack")
+        .inbound("queue_type", "quorum")
+        .dead_letter("queue_type", "quorum")
+        .seed(&p)
+        .toml();
+    let first = Process::spawn(&p, &toml);
+    let addr = node.amqp_addr();
+    wait_until("the forwarder consumes", Duration::from_secs(60), || {
+        let inbound = inbound.clone();
+        async move {
+            let Ok(mut raw) = RawClient::connect(addr, "/").await else {
+                return false;
+            };
+            let counts = raw.queue_counts(&inbound).await;
+            raw.close().await;
+            matches!(counts, Ok((_, 1)))
+        }
+    })
+    .await;
+    first.signal("STOP");
+    let mut raw = RawClient::connect(addr, "/")
+        .await
+        .unwrap_or_else(|e| panic!("connect: {e}"));
+    raw.confirm_select()
+        .await
+        .unwrap_or_else(|e| panic!("confirm.select: {e}"));
+    let mut big = RawProperties {
+        message_id: Some("poison-big".to_string()),
+        delivery_mode: Some(2),
+        headers: vec![(POISON_HEADER.to_string(), encode::boolean(true))],
+    };
+    let header = poison_header(Poison::Big, &big, raw.frame_max());
+    big.headers.push(header);
+    let normal = RawProperties {
+        message_id: Some("m000000".to_string()),
+        delivery_mode: Some(2),
+        headers: Vec::new(),
+    };
+    for (props, body) in [(&big, &b"big"[..]), (&normal, &b"m000000"[..])] {
+        let confirm = raw.publish("", &inbound, props, body).await;
+        assert!(
+            matches!(confirm, Ok(RawConfirm::Ack)),
+            "publish: {confirm:?}"
+        );
+    }
+    raw.close().await;
+    // Both handed to the paused forwarder, which dies without settling them.
+    wait_until_every(
+        "both messages are delivered",
+        Duration::from_secs(30),
+        Duration::from_millis(500),
+        || async { node.ready_unacked(&inbound).await == Some((0, 2)) },
+    )
+    .await;
+    drop(first);
+    let mut second = Process::spawn(&p, &toml);
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut state = None;
+    while Instant::now() < deadline {
+        state = node.ready_unacked(&inbound).await;
+        if state == Some((0, 0)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    second.signal("TERM");
+    second.wait_exit(Duration::from_secs(30)).await;
+    let log = second.log();
+    let mut raw = RawClient::connect(addr, "/")
+        .await
+        .unwrap_or_else(|e| panic!("connect: {e}"));
+    let mut found = Vec::new();
+    for suffix in ["dlq", "service", "logging", "in"] {
+        let messages = raw
+            .drain(&format!("{p}.{suffix}"))
+            .await
+            .unwrap_or_else(|e| panic!("drain {suffix}: {e}"));
+        let ids: Vec<String> = messages.into_iter().filter_map(|m| m.message_id).collect();
+        found.push((suffix, ids));
+    }
+    raw.close().await;
+    node.stop().await;
+    let ids = |suffix: &str| -> Vec<String> {
+        found
+            .iter()
+            .find(|(s, _)| *s == suffix)
+            .map(|(_, ids)| ids.clone())
+            .unwrap_or_default()
+    };
+    let report = format!(
+        "inbound (ready, unacked) after 60 s: {state:?}; queues: {found:?}; the restarted \
+         forwarder logged {} consumer losses, {} of them \"frame too large\"",
+        log.matches("inbound consumer lost").count(),
+        log.matches("frame too large").count()
+    );
+    println!("{report}");
+    assert_eq!(state, Some((0, 0)), "the inbound queue settles: {report}");
+    assert!(
+        ids("service").contains(&"m000000".to_string())
+            && ids("logging").contains(&"m000000".to_string()),
+        "the message behind the big one is forwarded: {report}"
+    );
+    assert!(
+        ["dlq", "service"]
+            .iter()
+            .any(|q| ids(q).contains(&"poison-big".to_string())),
+        "the big one is dead-lettered or forwarded: {report}"
     );
 }
 
@@ -682,25 +822,9 @@ async fn publish_poison(
             tokio::time::sleep(Duration::from_millis(300)).await;
             continue;
         };
-        let header = match kind {
-            Poison::Deep => (
-                "deep".to_string(),
-                encode::nested_table_value("d", DEEP_LEVELS),
-            ),
-            Poison::Big => {
-                let mut probe = props.clone();
-                probe
-                    .headers
-                    .push(("filler".to_string(), encode::long_string(b"")));
-                let target = raw.frame_max() as usize - BIG_HEADER_MARGIN;
-                let filler = target - RawClient::header_frame_size(&probe);
-                (
-                    "filler".to_string(),
-                    encode::long_string(&vec![b'f'; filler]),
-                )
-            }
-        };
+        // Only the marker: a header of an earlier attempt would skew the filler.
         props.headers.truncate(1);
+        let header = poison_header(kind, &props, raw.frame_max());
         props.headers.push(header.clone());
         sent.header = header;
         let result = async {
@@ -717,6 +841,30 @@ async fn publish_poison(
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     sent
+}
+
+/// The header that makes a message with `props` poison: a table
+/// `DEEP_LEVELS` deep, or a filler that brings the content header to
+/// `BIG_HEADER_MARGIN` bytes under `frame_max`.
+fn poison_header(kind: Poison, props: &RawProperties, frame_max: u32) -> (String, Vec<u8>) {
+    match kind {
+        Poison::Deep => (
+            "deep".to_string(),
+            encode::nested_table_value("d", DEEP_LEVELS),
+        ),
+        Poison::Big => {
+            let mut probe = props.clone();
+            probe
+                .headers
+                .push(("filler".to_string(), encode::long_string(b"")));
+            let target = frame_max as usize - BIG_HEADER_MARGIN;
+            let filler = target - RawClient::header_frame_size(&probe);
+            (
+                "filler".to_string(),
+                encode::long_string(&vec![b'f'; filler]),
+            )
+        }
+    }
 }
 
 /// Restarts the forwarder whenever it exits without the test killing it,
