@@ -10,7 +10,9 @@
 //! timeout, and poison messages ride along (a header table 3,000 levels
 //! deep, a content header a few bytes under frame_max). At the end every
 //! message is in a service queue and in a logging queue, none lost, none
-//! dead-lettered, duplicates counted; each poison message is dead-lettered
+//! dead-lettered, duplicates counted, and every duplicate carries the copy
+//! id (`x-switchyard-copy-id`) of its message's first copy on that branch;
+//! each poison message is dead-lettered
 //! or forwarded intact. A one-screen report is printed, and is the failure
 //! message.
 //!
@@ -1523,6 +1525,10 @@ async fn stop_forwarder(chaos: &Chaos) {
 }
 
 /// What the queues held at the end, by message id.
+/// The distinct `x-switchyard-copy-id` values (raw bytes; `None`: absent)
+/// seen on one message's copies.
+type CopyIds = BTreeSet<Option<Vec<u8>>>;
+
 struct Accounting {
     queues: Vec<(String, Vec<RawMessage>)>,
 }
@@ -1569,6 +1575,30 @@ impl Accounting {
             }
         }
         counts
+    }
+
+    /// Over the copies in `suffixes`: how many are duplicates, and the ids
+    /// whose copies do not all carry one and the same
+    /// `x-switchyard-copy-id` (every redelivery, replay and instance must
+    /// give a message's copies on one branch the same).
+    fn copy_ids(&self, suffixes: &[&str]) -> (usize, Vec<String>) {
+        let mut seen: HashMap<String, (usize, CopyIds)> = HashMap::new();
+        for suffix in suffixes {
+            for m in self.queue(suffix) {
+                let id = m.message_id.clone().unwrap_or_default();
+                let entry = seen.entry(id).or_default();
+                entry.0 += 1;
+                entry.1.insert(m.header_value("x-switchyard-copy-id"));
+            }
+        }
+        let duplicates = seen.values().map(|(n, _)| n - 1).sum();
+        let mut mismatched: Vec<String> = seen
+            .into_iter()
+            .filter(|(_, (_, ids))| ids.len() != 1 || ids.contains(&None))
+            .map(|(id, _)| id)
+            .collect();
+        mismatched.sort();
+        (duplicates, mismatched)
     }
 
     fn report(
@@ -1672,6 +1702,24 @@ impl Accounting {
                 self.queue(backup).len(),
                 copies - distinct
             );
+        }
+        for (label, queues) in [
+            ("service", ["service", "service.backup"]),
+            ("logging", ["logging", "logging.backup"]),
+        ] {
+            let (duplicates, mismatched) = self.copy_ids(&queues);
+            let _ = writeln!(
+                out,
+                "{label}: {duplicates} duplicates, {} with a copy id other than their first \
+                 copy's",
+                mismatched.len()
+            );
+            if !mismatched.is_empty() {
+                problems.push(format!(
+                    "{label}: copies of one message with different (or no) copy ids, e.g. {:?}",
+                    &mismatched[..mismatched.len().min(8)]
+                ));
+            }
         }
         let (dlq_normal, _) = normal(&dlq);
         let _ = writeln!(
