@@ -85,41 +85,39 @@ impl Envelope {
     }
 }
 
-/// The namespace of copy ids (a fixed, random UUID): copy ids of other
-/// systems made the same way from the same names never collide with these.
+/// The namespace of content-derived copy ids (a fixed, random UUID).
 const COPY_ID_NAMESPACE: uuid::Uuid =
     uuid::Uuid::from_u128(0x6b1f_58c2_9d47_4e0b_a3c5_2f8e_71d0_94aa);
 
 impl Envelope {
-    /// The copy id of this message on `branch` (`x-switchyard-copy-id`): a
-    /// name-based UUID (version 5) of the message's identity and the branch
-    /// name. The identity is the `message_id` when the message has one, so
-    /// every delivery of it, by any instance, gets the same id; without one
-    /// it is the routing key and the body, so identical messages without ids
+    /// The copy id of this message on `branch` (`x-switchyard-copy-id`):
+    /// `<branch>:<message_id>` when the message has a `message_id`, so every
+    /// delivery of it, by any instance, gets the same id; without one,
+    /// `<branch>:content-<uuid>`, the uuid a name-based one (version 5) of
+    /// the routing key and the body, so identical messages without ids
     /// share copy ids.
     pub fn copy_id(&self, branch: &str) -> String {
-        // Each part with its length in front, so no two messages' parts
-        // run together into the same name.
-        let mut name: Vec<u8> = Vec::with_capacity(64);
-        let mut part = |bytes: &[u8]| {
-            name.extend_from_slice(&(bytes.len() as u64).to_be_bytes());
-            name.extend_from_slice(bytes);
+        let Some(id) = self.properties.message_id() else {
+            return format!("{branch}:content-{}", self.content_uuid());
         };
-        match self.properties.message_id() {
-            Some(id) => {
-                part(b"message-id");
-                part(id.as_str().as_bytes());
-            }
-            None => {
-                part(b"content");
-                part(self.routing_key.as_bytes());
-                part(&self.body);
-            }
+        let id = id.as_str();
+        let mut copy_id = String::with_capacity(branch.len() + 1 + id.len());
+        copy_id.push_str(branch);
+        copy_id.push(':');
+        copy_id.push_str(id);
+        copy_id
+    }
+
+    /// A name-based UUID of the routing key and the body.
+    fn content_uuid(&self) -> uuid::Uuid {
+        // Each part with its length in front, so no two messages' parts run
+        // together into the same name.
+        let mut name: Vec<u8> = Vec::with_capacity(self.body.len() + self.routing_key.len() + 16);
+        for part in [self.routing_key.as_bytes(), &self.body] {
+            name.extend_from_slice(&(part.len() as u64).to_be_bytes());
+            name.extend_from_slice(part);
         }
-        part(branch.as_bytes());
         uuid::Uuid::new_v5(&COPY_ID_NAMESPACE, &name)
-            .hyphenated()
-            .to_string()
     }
 }
 
@@ -237,35 +235,30 @@ mod tests {
             e
         };
         let (a, again) = (with_id("m-1", b"x"), with_id("m-1", b"other body"));
+        assert_eq!(a.copy_id("service"), "service:m-1");
         assert_eq!(
             a.copy_id("service"),
             again.copy_id("service"),
             "by message_id"
         );
         assert_ne!(a.copy_id("service"), a.copy_id("logging"));
-        assert_ne!(
-            a.copy_id("service"),
-            with_id("m-2", b"x").copy_id("service")
-        );
-        let copy_id = a.copy_id("service");
-        assert_eq!(copy_id.len(), 36);
-        assert_eq!(
-            uuid::Uuid::parse_str(&copy_id).map(|u| u.get_version_num()),
-            Ok(5)
-        );
         // Without a message_id: the routing key and the body.
         let mut plain = envelope(None);
         plain.body = b"x".to_vec();
         let mut same = plain.clone();
         same.delivery_tag = 9;
-        assert_eq!(plain.copy_id("service"), same.copy_id("service"));
-        same.body = b"y".to_vec();
-        assert_ne!(plain.copy_id("service"), same.copy_id("service"));
-        // Parts never run together.
-        assert_ne!(
-            with_id("ab", b"").copy_id("c"),
-            with_id("a", b"").copy_id("bc")
+        let copy_id = plain.copy_id("service");
+        assert_eq!(copy_id, same.copy_id("service"));
+        let uuid = copy_id.strip_prefix("service:content-").unwrap_or_default();
+        assert_eq!(
+            uuid::Uuid::parse_str(uuid).map(|u| u.get_version_num()),
+            Ok(5)
         );
+        same.body = b"y".to_vec();
+        assert_ne!(copy_id, same.copy_id("service"));
+        same.body = b"x".to_vec();
+        same.routing_key = "rk2".to_owned();
+        assert_ne!(copy_id, same.copy_id("service"));
     }
 
     fn table(entries: Vec<(&str, AmqpValue)>) -> AmqpValue {

@@ -168,11 +168,12 @@ impl Actor {
         &mut self,
         channel: SharedChannel,
         generation: u64,
-        request: Request,
+        mut request: Request,
         in_flight: &mut FuturesUnordered<InFlight>,
     ) {
         let id = request.id;
-        let properties = self.properties(&request);
+        let extra = std::mem::take(&mut request.extra_headers);
+        let properties = self.properties(&request, extra);
         let frame_max = self.connector.frame_max() as usize;
         let header = content_header_frame(&properties);
         if frame_max > 0 && header > frame_max {
@@ -252,7 +253,11 @@ impl Actor {
     /// The copy's properties: the message's own, without any `x-switchyard-*`
     /// header a producer sent in, plus the endpoint's headers, the caller's
     /// extra headers, the hop count and the publish id.
-    fn properties(&self, request: &Request) -> BasicProperties {
+    fn properties(
+        &self,
+        request: &Request,
+        extra: Vec<(ShortString, AmqpValue)>,
+    ) -> BasicProperties {
         let mut headers = FieldTable::default();
         if let Some(incoming) = request.envelope.headers() {
             for (name, value) in incoming.inner() {
@@ -271,8 +276,8 @@ impl Actor {
             wire::HOPS.into(),
             AmqpValue::LongLongInt(i64::from(request.envelope.hops()) + 1),
         );
-        for (name, value) in &request.extra_headers {
-            headers.insert(name.clone(), value.clone());
+        for (name, value) in extra {
+            headers.insert(name, value);
         }
         headers.insert(
             wire::PUBLISH_ID.into(),
