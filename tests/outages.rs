@@ -291,6 +291,11 @@ async fn with_outage_dead_letter_an_outage_past_its_bound_dead_letters_with_reas
     broker
         .await_count(&format!("{p}.primary"), 3, DEFAULT_TIMEOUT)
         .await;
+    // Acked too, so their confirms cannot be caught by the cut.
+    wait_until("the first three are acked", DEFAULT_TIMEOUT, || async {
+        ready_unacked(&inbound).await == Some((0, 0))
+    })
+    .await;
 
     proxy.refuse(true);
     proxy.cut();
