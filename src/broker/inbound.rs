@@ -10,7 +10,7 @@
 
 use super::closing::close_channel;
 use super::connector::{ConnectError, Connector};
-use super::error::BrokerError;
+use super::error::{BrokerError, code};
 use crate::amqp::FieldTable;
 use crate::config::Settings;
 use crate::envelope::Envelope;
@@ -52,6 +52,13 @@ pub enum ConsumeError {
     /// The consumer failed while delivering.
     #[error("consumer failed: {0}")]
     Delivery(#[source] BrokerError),
+}
+
+impl ConsumeError {
+    /// Whether the broker said the inbound queue does not exist.
+    pub fn queue_not_found(&self) -> bool {
+        matches!(self, Self::Consume { error, .. } if error.code == Some(code::NOT_FOUND))
+    }
 }
 
 /// A consuming channel with its settle task.

@@ -80,17 +80,21 @@ impl Consumer {
         let telemetry = &self.telemetry;
         let (mut permits, mut prefetch) = permits_for(&consumer.live.current());
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
-        let mut reopening = false;
+        // Set when the inbound queue may be gone (the broker cancelled the
+        // consumer, or said the queue is not found). Only then is it declared
+        // again: after a lost connection the declaration would wait on a
+        // connection that may be moving nodes, delaying the consumer for no
+        // gain.
+        let mut redeclare = false;
         while !shutdown.is_cancelled() {
             let generation = consumer.live.current();
             let settings = &generation.settings;
             let queue = &settings.inbound.queue;
-            if reopening && settings.inbound.declare {
+            if std::mem::take(&mut redeclare) && settings.inbound.declare {
                 // A deleted inbound queue comes back; anything else is logged by
                 // the open below.
                 let _ = redeclare_inbound(generation.topology_connector(), settings).await;
             }
-            reopening = true;
             let opened = tokio::select! {
                 () = shutdown.cancelled() => return None,
                 opened = open_inbound(&generation.consume_connector.0, settings) => opened,
@@ -98,6 +102,7 @@ impl Consumer {
             let mut inbound = match opened {
                 Ok(inbound) => inbound,
                 Err(why) => {
+                    redeclare = why.queue_not_found();
                     let connector = generation.consume_connector.0.clone();
                     let retry = match why {
                         // Logged by the connector, with its next try: the one to wait for.
@@ -170,7 +175,7 @@ impl Consumer {
                     inbound.close().await;
                     (permits, prefetch) = permits_for(&consumer.live.current());
                     // A cancelled consumer's queue may be gone: declared again.
-                    reopening = matches!(leave, Leave::Cancelled);
+                    redeclare = matches!(leave, Leave::Cancelled);
                 }
             }
         }
