@@ -81,6 +81,7 @@ fn message(body: Vec<u8>) -> Envelope {
             .with_content_type("application/json".into())
             .with_priority(5),
         body,
+        annotations: Default::default(),
     }
 }
 

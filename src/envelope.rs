@@ -5,7 +5,7 @@
 //! measures how deep they nest without recursing.
 
 use crate::amqp::{AmqpValue, FieldTable, Properties};
-use crate::wire;
+use crate::wire::Annotations;
 use std::borrow::Cow;
 
 /// The deepest nesting of tables and arrays a message's headers may have to
@@ -28,6 +28,8 @@ pub struct Envelope {
     pub properties: Properties,
     /// The body, byte for byte.
     pub body: Vec<u8>,
+    /// What the forwarder honours of its headers, decided when it arrived.
+    pub annotations: Annotations,
 }
 
 impl Envelope {
@@ -56,32 +58,6 @@ impl Envelope {
     /// A header by name.
     pub fn header(&self, name: &str) -> Option<&AmqpValue> {
         self.headers().and_then(|h| h.inner().get(name))
-    }
-
-    /// How many times this message was forwarded before (`x-switchyard-hops`;
-    /// 0 when absent or not a number).
-    pub fn hops(&self) -> u32 {
-        self.header(wire::HOPS)
-            .and_then(value_text)
-            .and_then(|t| t.parse().ok())
-            .unwrap_or(0)
-    }
-
-    /// Branch names from `x-switchyard-only`, if the header is present: an
-    /// array of names (as `dlq redrive` writes it), or a comma-separated
-    /// string for people setting it by hand.
-    pub fn only_branches(&self) -> Option<Vec<String>> {
-        let value = self.header(wire::ONLY)?;
-        Some(match value {
-            AmqpValue::FieldArray(items) => items
-                .as_slice()
-                .iter()
-                .filter_map(|v| value_text(v).map(Cow::into_owned))
-                .collect(),
-            other => value_text(other)
-                .map(|t| t.split(',').map(|s| s.trim().to_owned()).collect())
-                .unwrap_or_default(),
-        })
     }
 }
 
@@ -223,6 +199,7 @@ mod tests {
             redelivered: false,
             properties,
             body: Vec::new(),
+            annotations: Default::default(),
         }
     }
 

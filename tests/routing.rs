@@ -168,10 +168,13 @@ async fn only_header_limits_delivery_to_the_named_branches() {
             .iter()
             .map(|n| AMQPValue::LongString((*n).into()))
             .collect::<Vec<_>>();
+        // From the forwarder's own user (`guest`), as `dlq redrive` sends it:
+        // a producer's is ignored (tests/trust.rs).
         with_headers(&[(
             "x-switchyard-only",
             AMQPValue::FieldArray(FieldArray::from(names)),
         )])
+        .with_user_id("guest".into())
     };
     broker
         .publish("", &format!("{p}.in"), b"to-logging", only(&["logging"]))
@@ -479,6 +482,7 @@ fn probe() -> Envelope {
             .with_content_type("application/json".into())
             .with_priority(5),
         body: br#"{"order": 1}"#.to_vec(),
+        annotations: Default::default(),
     }
 }
 

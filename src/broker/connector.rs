@@ -264,6 +264,12 @@ impl Connector {
         }
     }
 
+    /// The user the broker authenticates, when the URIs name it: the
+    /// `user_id` its publishes may carry.
+    pub fn user(&self) -> Option<String> {
+        self.spec.user()
+    }
+
     /// The current connection's epoch: it changes with every new
     /// connection, so a channel opened under an older one is on a
     /// connection being left.

@@ -171,6 +171,8 @@ impl DlqReader {
                 redelivered: delivery.redelivered,
                 properties: delivery.properties,
                 body: delivery.data,
+                // The dead-letter tools judge their records themselves.
+                annotations: Default::default(),
             }
         }))
     }

@@ -13,7 +13,9 @@ use super::connector::{ConnectError, Connector};
 use super::error::{BrokerError, code};
 use crate::amqp::FieldTable;
 use crate::config::Settings;
+use crate::destination::QueueType;
 use crate::envelope::Envelope;
+use crate::wire::{Annotations, Reading, Trust};
 use futures_util::StreamExt;
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
@@ -70,6 +72,8 @@ pub struct InboundChannel {
     consumer_tag: String,
     settle: mpsc::UnboundedSender<Settle>,
     settler: JoinHandle<()>,
+    /// How its deliveries' headers are read.
+    reading: Reading,
 }
 
 enum Settle {
@@ -234,7 +238,16 @@ pub async fn open_inbound(
         consumer_tag,
         settle,
         settler,
+        reading: reading(settings),
     })
+}
+
+/// How deliveries of the inbound queue of `settings` are read.
+pub fn reading(settings: &Settings) -> Reading {
+    Reading {
+        trust: Trust::new(settings.inbound.trusted_users.clone()),
+        quorum: settings.inbound.queue_type == QueueType::Quorum,
+    }
 }
 
 impl InboundChannel {
@@ -247,6 +260,8 @@ impl InboundChannel {
         };
         let tag = delivery.delivery_tag;
         let _ = self.settle.send(Settle::Track(tag));
+        let annotations =
+            Annotations::read(&delivery.properties, delivery.redelivered, &self.reading);
         let envelope = Envelope {
             delivery_tag: tag,
             exchange: delivery.exchange.to_string(),
@@ -254,6 +269,7 @@ impl InboundChannel {
             redelivered: delivery.redelivered,
             properties: delivery.properties,
             body: delivery.data,
+            annotations,
         };
         let receipt = Receipt {
             tag,

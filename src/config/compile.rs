@@ -57,6 +57,19 @@ pub fn compile(raw: &RawConfig) -> Result<Settings> {
     if raw.inbound.max_hops == 0 {
         return Err(InvalidKey::new("inbound.max_hops", "must be at least 1"));
     }
+    // The forwarder's own user is always trusted: whoever holds its
+    // credentials can consume and publish as the forwarder anyway.
+    let mut trusted_users = raw.inbound.trusted_users.clone().unwrap_or_default();
+    if let Some(i) = trusted_users.iter().position(String::is_empty) {
+        return Err(InvalidKey::new(
+            format!("inbound.trusted_users[{i}]"),
+            "must not be empty; name a RabbitMQ user",
+        ));
+    }
+    let own = brokers.get(&raw.inbound.broker).and_then(|b| b.user());
+    if let Some(own) = own.filter(|own| !trusted_users.contains(own)) {
+        trusted_users.insert(0, own);
+    }
 
     let dead_letter = compile_dead_letter(raw)?;
     if raw.inbound.dead_letter_by_policy && dead_letter.mode != DeadLetterMode::Nack {
@@ -188,6 +201,7 @@ pub fn compile(raw: &RawConfig) -> Result<Settings> {
             max_redeliveries: raw.inbound.max_redeliveries,
             max_hops: raw.inbound.max_hops,
             dead_letter_by_policy: raw.inbound.dead_letter_by_policy,
+            trusted_users,
         },
         dead_letter,
         brokers,

@@ -19,6 +19,7 @@ use crate::routing::RoutingTable;
 use crate::uri::{node_of, redact_uri, same_vhost};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -126,6 +127,10 @@ pub struct Inbound {
     /// The queue's dead-letter exchange is set by an operator policy, not by
     /// queue arguments: declare it without them and trust the policy.
     pub dead_letter_by_policy: bool,
+    /// Users whose messages' `x-switchyard-*` annotations count (by their
+    /// broker-validated `user_id`): `inbound.trusted_users` and the inbound
+    /// broker's own user (first, when its URI names it).
+    pub trusted_users: Vec<String>,
 }
 
 /// A broker connection target: one node (`uri`) or a cluster's nodes in
@@ -226,6 +231,19 @@ impl BrokerSpec {
             .get(index)
             .or(self.uris.first())
             .map_or("", String::as_str)
+    }
+
+    /// The user its URIs name (all name the same one), which the broker
+    /// authenticates; `None` when another mechanism logs in (a client certificate
+    /// with `auth_mechanism=external` names the user itself).
+    pub fn user(&self) -> Option<String> {
+        let uri = lapin::uri::AMQPUri::from_str(self.secret_uri()).ok()?;
+        // Only PLAIN and AMQPLAIN log in as the user the URI names.
+        let named = uri
+            .query
+            .auth_mechanism
+            .is_none_or(|m| matches!(m.name(), "PLAIN" | "AMQPLAIN"));
+        named.then_some(uri.authority.userinfo.username)
     }
 
     /// Every node's URI with its password masked, in order, safe for logs.

@@ -93,6 +93,11 @@ pub struct RawInbound {
     /// declared without them and, in `nack` mode, not checked for them.
     #[serde(default)]
     pub dead_letter_by_policy: bool,
+    /// Users whose messages may carry the forwarder's own `x-switchyard-*`
+    /// annotations (by the broker-validated `user_id` property), besides
+    /// the user of the inbound broker's URI, which always may.
+    #[serde(default)]
+    pub trusted_users: Option<Vec<String>>,
 }
 
 fn default_queue_type() -> String {

@@ -198,6 +198,7 @@ fn filter_table_entries_default_to_optional_and_holding_through_outages() {
         redelivered: false,
         properties: Default::default(),
         body: Vec::new(),
+        annotations: Default::default(),
     };
     let plans = settings.routing.route(&envelope);
     assert_eq!(plans.len(), 1);

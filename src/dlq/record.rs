@@ -394,6 +394,7 @@ endpoint = "l1"
                 .with_correlation_id("c-1".into())
                 .with_headers(table),
             body: body.to_vec(),
+            annotations: Default::default(),
         }
     }
 

@@ -295,6 +295,10 @@ fn dispatch(
 ) {
     let telemetry = &consumer.telemetry;
     telemetry.consumed();
+    if !envelope.annotations.ignored.is_empty() {
+        let user_id = envelope.properties.user_id().as_ref().map(|u| u.as_str());
+        telemetry.untrusted_headers(envelope.message_id(), user_id, envelope.annotations.ignored);
+    }
     let envelope = Arc::new(envelope);
     let generation = consumer.live.current();
     let refused = generation.screen.check(&envelope).or_else(|| {

@@ -15,7 +15,7 @@ use super::screen::Screen;
 use super::settle::Settler;
 use crate::broker::{Blocking, Connector, EndpointHealth, Publish, Publisher, Publishers, Role};
 use crate::config::{Inbound, Settings};
-use crate::destination::{DeadLetterMode, Endpoint, QueueType};
+use crate::destination::{DeadLetterMode, Endpoint};
 use crate::telemetry::Telemetry;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -204,19 +204,13 @@ impl Generation {
             &settings.inbound.queue,
             telemetry.clone(),
         );
-        let limits = |inbound: &Inbound| {
-            (
-                inbound.max_hops,
-                inbound.max_redeliveries,
-                inbound.queue_type == QueueType::Quorum,
-            )
-        };
-        let (max_hops, max_redeliveries, quorum) = limits(&settings.inbound);
+        let limits = |inbound: &Inbound| (inbound.max_hops, inbound.max_redeliveries);
+        let (max_hops, max_redeliveries) = limits(&settings.inbound);
         // The same limits keep the redelivery memory: a poison message stays counted.
         let screen = previous
-            .filter(|p| limits(&p.settings.inbound) == (max_hops, max_redeliveries, quorum))
+            .filter(|p| limits(&p.settings.inbound) == (max_hops, max_redeliveries))
             .map(|p| p.screen.clone())
-            .unwrap_or_else(|| Arc::new(Screen::new(max_hops, max_redeliveries, quorum)));
+            .unwrap_or_else(|| Arc::new(Screen::new(max_hops, max_redeliveries)));
         let blocking = publish_connectors
             .values()
             .map(|c| c.0.blocking())

@@ -3,19 +3,24 @@
 //!
 //! - `malformed`: headers nested deeper than [`MAX_HEADER_DEPTH`] (the check
 //!   never recurses and never formats a header value);
-//! - `loop`: already forwarded `inbound.max_hops` times (`x-switchyard-hops`);
+//! - `loop`: already forwarded `inbound.max_hops` times (the trusted
+//!   `x-switchyard-hops`, [`Annotations::hops`]);
 //! - `poison`: delivered more than `inbound.max_redeliveries` times before.
 //!   A first delivery has been delivered 0 times, whatever its headers say.
-//!   A redelivery from a quorum inbound queue (`inbound.queue_type`) counts
-//!   in the broker's `x-delivery-count`; for other queues the screen counts
-//!   redelivered copies of the same message (by message_id, or by a hash of
-//!   the body when there is none) in a bounded memory of recent messages,
-//!   which a restart forgets. A producer's own `x-delivery-count` counts for
-//!   nothing: a quorum queue writes it only on redeliveries.
+//!   A redelivery from a quorum inbound queue counts in the broker's
+//!   `x-delivery-count` ([`Annotations::delivery_count`]); for other queues
+//!   the screen counts redelivered copies of the same message (by
+//!   message_id, or by a hash of the body when there is none) in a bounded
+//!   memory of recent messages, which a restart forgets.
+//!
+//! It reads no header itself: what a message may claim was decided when
+//! its envelope was built.
+//!
+//! [`Annotations::hops`]: crate::wire::Annotations
+//! [`Annotations::delivery_count`]: crate::wire::Annotations
 
 use super::outcome::Barred;
-use crate::envelope::{Envelope, MAX_HEADER_DEPTH, value_text};
-use crate::wire;
+use crate::envelope::{Envelope, MAX_HEADER_DEPTH};
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Mutex;
@@ -28,9 +33,6 @@ const REMEMBERED: usize = 50_000;
 pub struct Screen {
     max_hops: u32,
     max_redeliveries: u32,
-    /// The inbound queue is a quorum queue: its redeliveries carry the
-    /// broker's count.
-    quorum: bool,
     redeliveries: Mutex<Memory>,
 }
 
@@ -55,13 +57,11 @@ impl Memory {
 }
 
 impl Screen {
-    /// Checks with the configured limits, for an inbound queue that is a
-    /// quorum queue when `quorum`.
-    pub fn new(max_hops: u32, max_redeliveries: u32, quorum: bool) -> Self {
+    /// Checks with the configured limits.
+    pub fn new(max_hops: u32, max_redeliveries: u32) -> Self {
         Self {
             max_hops,
             max_redeliveries,
-            quorum,
             redeliveries: Mutex::new(Memory::default()),
         }
     }
@@ -75,7 +75,7 @@ impl Screen {
                 limit: MAX_HEADER_DEPTH,
             });
         }
-        let hops = envelope.hops();
+        let hops = envelope.annotations.hops;
         if hops >= self.max_hops {
             return Some(Barred::Loop {
                 hops,
@@ -94,12 +94,7 @@ impl Screen {
         if !envelope.redelivered {
             return 0;
         }
-        if self.quorum
-            && let Some(count) = envelope
-                .header(wire::DELIVERY_COUNT)
-                .and_then(value_text)
-                .and_then(|t| t.parse().ok())
-        {
+        if let Some(count) = envelope.annotations.delivery_count {
             return count;
         }
         let mut memory = self.redeliveries.lock().unwrap_or_else(|e| e.into_inner());
@@ -125,18 +120,32 @@ mod tests {
     use super::*;
     use crate::amqp::{AmqpValue, FieldArray, FieldTable, Properties};
     use crate::pipeline::outcome::Reason;
+    use crate::wire::{Annotations, Reading, Trust};
 
-    fn envelope(headers: FieldTable, redelivered: bool) -> Envelope {
+    /// A delivery as the inbound channel builds it: from a quorum queue when
+    /// `quorum`, published by the trusted user `switchyard`.
+    fn delivered(headers: FieldTable, redelivered: bool, quorum: bool) -> Envelope {
+        let properties = Properties::default()
+            .with_message_id("m-1".into())
+            .with_user_id("switchyard".into())
+            .with_headers(headers);
+        let reading = Reading {
+            trust: Trust::new(vec!["switchyard".to_owned()]),
+            quorum,
+        };
         Envelope {
             delivery_tag: 1,
             exchange: String::new(),
             routing_key: String::new(),
             redelivered,
-            properties: Properties::default()
-                .with_message_id("m-1".into())
-                .with_headers(headers),
+            annotations: Annotations::read(&properties, redelivered, &reading),
+            properties,
             body: b"body".to_vec(),
         }
+    }
+
+    fn envelope(headers: FieldTable, redelivered: bool) -> Envelope {
+        delivered(headers, redelivered, false)
     }
 
     fn with_depth(depth: usize) -> Envelope {
@@ -150,9 +159,13 @@ mod tests {
     }
 
     fn with_header(name: &str, value: AmqpValue, redelivered: bool) -> Envelope {
+        on_queue(name, value, redelivered, false)
+    }
+
+    fn on_queue(name: &str, value: AmqpValue, redelivered: bool, quorum: bool) -> Envelope {
         let mut headers = FieldTable::default();
         headers.insert(name.into(), value);
-        envelope(headers, redelivered)
+        delivered(headers, redelivered, quorum)
     }
 
     fn reason(barred: Option<Barred>) -> Option<Reason> {
@@ -161,14 +174,14 @@ mod tests {
 
     #[test]
     fn headers_at_the_limit_pass() {
-        let screen = Screen::new(8, 10, false);
+        let screen = Screen::new(8, 10);
         assert_eq!(screen.check(&with_depth(0)), None);
         assert_eq!(screen.check(&with_depth(MAX_HEADER_DEPTH)), None);
     }
 
     #[test]
     fn deeper_headers_are_malformed_with_the_depth_in_the_error() {
-        let screen = Screen::new(8, 10, false);
+        let screen = Screen::new(8, 10);
         let barred = screen.check(&with_depth(3000));
         assert_eq!(
             barred,
@@ -186,7 +199,7 @@ mod tests {
 
     #[test]
     fn a_message_forwarded_max_hops_times_is_a_loop() {
-        let screen = Screen::new(8, 10, false);
+        let screen = Screen::new(8, 10);
         let hops = |n: i64| with_header("x-switchyard-hops", AmqpValue::LongLongInt(n), false);
         assert_eq!(screen.check(&hops(7)), None);
         assert_eq!(reason(screen.check(&hops(8))), Some(Reason::Loop));
@@ -200,28 +213,37 @@ mod tests {
 
     #[test]
     fn a_quorum_delivery_count_past_the_limit_is_poison() {
-        let screen = Screen::new(8, 3, true);
-        let count = |n: i64| with_header("x-delivery-count", AmqpValue::LongLongInt(n), true);
+        let screen = Screen::new(8, 3);
+        let count = |n: i64| on_queue("x-delivery-count", AmqpValue::LongLongInt(n), true, true);
         assert_eq!(screen.check(&count(3)), None);
         assert_eq!(reason(screen.check(&count(4))), Some(Reason::Poison));
     }
 
     #[test]
     fn a_producers_delivery_count_counts_for_nothing() {
-        let count = |n: i64, redelivered| {
-            with_header("x-delivery-count", AmqpValue::LongLongInt(n), redelivered)
+        let count = |n: i64, redelivered, quorum| {
+            on_queue(
+                "x-delivery-count",
+                AmqpValue::LongLongInt(n),
+                redelivered,
+                quorum,
+            )
         };
         // A first delivery, on any queue, whatever it says.
         for quorum in [true, false] {
-            let screen = Screen::new(8, 3, quorum);
-            assert_eq!(screen.check(&count(99, false)), None, "quorum {quorum}");
+            let screen = Screen::new(8, 3);
+            assert_eq!(
+                screen.check(&count(99, false, quorum)),
+                None,
+                "quorum {quorum}"
+            );
         }
         // A classic queue's redelivery: the forwarder's own count, from 1.
-        let screen = Screen::new(8, 3, false);
-        assert_eq!(screen.check(&count(99, true)), None);
-        let zero = Screen::new(8, 0, false);
+        let screen = Screen::new(8, 3);
+        assert_eq!(screen.check(&count(99, true, false)), None);
+        let zero = Screen::new(8, 0);
         assert_eq!(
-            reason(zero.check(&count(0, true))),
+            reason(zero.check(&count(0, true, false))),
             Some(Reason::Poison),
             "a forged 0 does not lift the limit"
         );
@@ -229,7 +251,7 @@ mod tests {
 
     #[test]
     fn redelivered_copies_are_counted_and_first_deliveries_are_not() {
-        let screen = Screen::new(8, 3, false);
+        let screen = Screen::new(8, 3);
         let fresh = envelope(FieldTable::default(), false);
         let again = envelope(FieldTable::default(), true);
         assert_eq!(screen.check(&fresh), None);

@@ -183,7 +183,7 @@ impl Settler {
         // A dead letter is not a forward: it keeps the hops it came with.
         headers.push((
             wire::HOPS.into(),
-            AmqpValue::LongLongInt(i64::from(envelope.hops())),
+            AmqpValue::LongLongInt(i64::from(envelope.annotations.hops)),
         ));
         let copy = if *reason == Reason::Malformed {
             Arc::new(without_deep_headers(envelope))
@@ -375,6 +375,7 @@ mod tests {
             redelivered: true,
             properties,
             body: b"body".to_vec(),
+            annotations: Default::default(),
         }
     }
 

@@ -248,5 +248,6 @@ pub fn envelope(message_id: &str, headers: &[(&str, AmqpValue)]) -> Arc<Envelope
             .with_message_id(message_id.into())
             .with_headers(table),
         body: message_id.as_bytes().to_vec(),
+        annotations: Default::default(),
     })
 }

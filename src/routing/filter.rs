@@ -534,6 +534,7 @@ mod tests {
             redelivered: false,
             properties: properties.with_headers(table),
             body: b"{not json".to_vec(),
+            annotations: Default::default(),
         }
     }
 

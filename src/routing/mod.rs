@@ -198,12 +198,9 @@ impl RoutingTable {
     /// matching priority. With `x-switchyard-only`, entries it does not name
     /// are ignored, except required ones. Empty means no route.
     pub fn route(&self, envelope: &Envelope) -> Vec<BranchPlan> {
-        let only = envelope.only_branches();
+        let only = envelope.annotations.only.as_ref();
         let allowed = |b: &Branch| {
-            b.required
-                || only
-                    .as_ref()
-                    .is_none_or(|names| names.iter().any(|n| n.as_str() == b.name()))
+            b.required || only.is_none_or(|names| names.iter().any(|n| n.as_str() == b.name()))
         };
         let body = Body::new(&envelope.body);
         let mut chosen: Option<i32> = None;
@@ -279,7 +276,7 @@ impl RoutingTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::amqp::{AmqpValue, FieldArray, FieldTable, Properties};
+    use crate::amqp::Properties;
     use std::time::Duration;
 
     fn endpoint(name: &str) -> Arc<Endpoint> {
@@ -314,25 +311,21 @@ mod tests {
         )
     }
 
+    /// A message restricted to `only`, as a trusted `x-switchyard-only`
+    /// reads (the trust decision itself is tested in `wire::trust`).
     fn message(routing_key: &str, only: Option<&[&str]>) -> Envelope {
-        let mut headers = FieldTable::default();
-        if let Some(names) = only {
-            let names = names
-                .iter()
-                .map(|n| AmqpValue::LongString((*n).into()))
-                .collect::<Vec<_>>();
-            headers.insert(
-                crate::wire::ONLY.into(),
-                AmqpValue::FieldArray(FieldArray::from(names)),
-            );
-        }
         Envelope {
             delivery_tag: 1,
             exchange: String::new(),
             routing_key: routing_key.to_owned(),
             redelivered: false,
-            properties: Properties::default().with_headers(headers),
+            properties: Properties::default(),
             body: Vec::new(),
+            annotations: crate::wire::Annotations {
+                trusted: true,
+                only: only.map(|names| names.iter().map(|n| (*n).to_owned()).collect()),
+                ..Default::default()
+            },
         }
     }
 

@@ -3,6 +3,7 @@
 //! counters that make counting a forwarded copy allocation-free once its
 //! series exists.
 
+use crate::wire::Kind;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -10,7 +11,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use rustc_hash::FxHashMap as HashMap;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, RwLock};
+use std::time::Instant;
 
 /// Upper bounds of the confirm-latency buckets, in seconds: from a fast
 /// local broker (well under a millisecond) to a confirm timeout.
@@ -34,6 +37,11 @@ pub(super) struct FailoverLabels {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub(super) struct ReasonLabels {
     pub(super) reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct HeaderLabels {
+    pub(super) header: &'static str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -102,6 +110,12 @@ pub(super) struct Metrics {
     pub(super) broker_node: Family<NodeLabels, Gauge>,
     pub(super) endpoint_up: Family<EndpointLabels, Gauge>,
     pub(super) config_generation: Gauge,
+    /// By [`Kind`] index: ignored headers of untrusted messages.
+    pub(super) untrusted_headers: Vec<Counter>,
+    /// By [`Kind`] index: when that kind was last logged, in milliseconds
+    /// since `started` (0: never).
+    pub(super) untrusted_logged_ms: Vec<AtomicU64>,
+    pub(super) started: Instant,
 }
 
 impl Metrics {
@@ -121,8 +135,23 @@ impl Metrics {
             broker_node: Family::default(),
             endpoint_up: Family::default(),
             config_generation: Gauge::default(),
+            untrusted_headers: Vec::new(),
+            untrusted_logged_ms: Kind::all().map(|_| AtomicU64::new(0)).collect(),
+            started: Instant::now(),
         };
+        let untrusted: Family<HeaderLabels, Counter> = Family::default();
+        metrics.untrusted_headers = Kind::all()
+            .map(|kind| {
+                let header = kind.label();
+                untrusted.get_or_create(&HeaderLabels { header }).clone()
+            })
+            .collect();
         let r = &mut metrics.registry;
+        r.register(
+            "switchyard_untrusted_headers",
+            "Messages from users not in inbound.trusted_users that carried one of the forwarder's headers, ignored and stripped, by header (other: a name the forwarder does not use)",
+            untrusted,
+        );
         // Counters are registered without `_total`: the encoder appends it.
         r.register(
             "switchyard_messages_consumed",

@@ -25,9 +25,11 @@
 mod metrics;
 mod sessions;
 
+use crate::wire::Ignored;
 use metrics::{EndpointLabels, FailoverLabels, Metrics, NodeLabels, ReasonLabels};
 use std::fmt::Display;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// The `Content-Type` of [`Telemetry::render`]'s output.
@@ -123,6 +125,33 @@ impl Telemetry {
         let _ =
             prometheus_client::encoding::prometheus_text::encode(&mut out, &self.metrics.registry);
         out
+    }
+
+    /// A message not from a trusted user carried headers of the
+    /// forwarder's (`ignored`): each is counted, and each kind logged at
+    /// most once a minute, without its value.
+    pub fn untrusted_headers(&self, message_id: &str, user_id: Option<&str>, ignored: Ignored) {
+        const EVERY_MS: u64 = 60_000;
+        let now_ms = (self.metrics.started.elapsed().as_millis() as u64).max(1);
+        for kind in ignored.kinds() {
+            let i = kind.index();
+            self.metrics.untrusted_headers[i].inc();
+            let last = &self.metrics.untrusted_logged_ms[i];
+            let logged = last.load(Ordering::Relaxed);
+            let due = logged == 0 || now_ms.saturating_sub(logged) >= EVERY_MS;
+            if due
+                && last
+                    .compare_exchange(logged, now_ms, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_ok()
+            {
+                tracing::warn!(
+                    message_id,
+                    header = kind.label(),
+                    user_id = user_id.unwrap_or("-"),
+                    "ignored and stripped a header of the forwarder's on a message from a user not in inbound.trusted_users (logged at most once a minute per header; switchyard_untrusted_headers_total counts them all)"
+                );
+            }
+        }
     }
 
     /// The forwarder starts: what it runs with.

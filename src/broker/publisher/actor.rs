@@ -13,7 +13,7 @@ use crate::broker::frame_size::content_header_frame;
 use crate::broker::health::{Down, EndpointHealth};
 use crate::destination::Endpoint;
 use crate::telemetry::Telemetry;
-use crate::wire::{self, OWN_PREFIX};
+use crate::wire;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use lapin::BasicProperties;
 use lapin::options::BasicPublishOptions;
@@ -49,6 +49,9 @@ pub(super) struct Actor {
     pub(super) exchange: ShortString,
     pub(super) routing_key: ShortString,
     pub(super) connector: Arc<Connector>,
+    /// The connection's user: the `user_id` of copies, so the next
+    /// forwarder can tell the copy's annotations are a forwarder's.
+    pub(super) user: Option<ShortString>,
     pub(super) health: Arc<EndpointHealth>,
     pub(super) channel: Option<SharedChannel>,
     /// The connector's epoch when the main and the alone channel opened: a
@@ -252,7 +255,11 @@ impl Actor {
 
     /// The copy's properties: the message's own, without any `x-switchyard-*`
     /// header a producer sent in, plus the endpoint's headers, the caller's
-    /// extra headers, the hop count and the publish id.
+    /// extra headers, the hop count and the publish id; the connection's
+    /// user as `user_id`, so the next forwarder can trust what this one
+    /// wrote, unless the message carries a producer's own `user_id` (not a
+    /// trusted user's), which is kept: the broker refuses it unless it is
+    /// this user or this user may impersonate.
     fn properties(
         &self,
         request: &Request,
@@ -260,10 +267,8 @@ impl Actor {
     ) -> BasicProperties {
         let mut headers = FieldTable::default();
         if let Some(incoming) = request.envelope.headers() {
-            for (name, value) in incoming.inner() {
-                if !name.as_str().starts_with(OWN_PREFIX) {
-                    headers.insert(name.clone(), value.clone());
-                }
+            for (name, value) in wire::foreign(incoming) {
+                headers.insert(name.clone(), value.clone());
             }
         }
         for (name, value) in &self.endpoint.headers {
@@ -274,7 +279,7 @@ impl Actor {
         }
         headers.insert(
             wire::HOPS.into(),
-            AmqpValue::LongLongInt(i64::from(request.envelope.hops()) + 1),
+            AmqpValue::LongLongInt(i64::from(request.envelope.annotations.hops) + 1),
         );
         for (name, value) in extra {
             headers.insert(name, value);
@@ -283,7 +288,14 @@ impl Actor {
             wire::PUBLISH_ID.into(),
             AmqpValue::LongLongInt(request.id as i64),
         );
-        request.envelope.properties.clone().with_headers(headers)
+        let properties = request.envelope.properties.clone().with_headers(headers);
+        // A producer's own user_id passes through untouched; a trusted one
+        // is a forwarder's or its tools' mark, and this copy is ours.
+        let producers = properties.user_id().is_some() && !request.envelope.annotations.trusted;
+        match &self.user {
+            Some(user) if !producers => properties.with_user_id(user.clone()),
+            _ => properties,
+        }
     }
 
     /// A publish was nacked. While the connection settles, the first such

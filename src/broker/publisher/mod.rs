@@ -82,6 +82,7 @@ impl Publisher {
             deadlines: Deadlines::new(endpoint.confirm_timeout, connector.blocking()),
             exchange: endpoint.exchange.as_str().into(),
             routing_key: endpoint.routing_key.as_str().into(),
+            user: connector.user().map(|u| u.as_str().into()),
             endpoint: endpoint.clone(),
             connector,
             health: health.clone(),

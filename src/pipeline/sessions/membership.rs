@@ -99,6 +99,7 @@ mod tests {
             redelivered: false,
             properties: Properties::default().with_headers(table),
             body: Vec::new(),
+            annotations: Default::default(),
         }
     }
 

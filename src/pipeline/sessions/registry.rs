@@ -167,9 +167,9 @@ impl Sessions {
             registry.open.remove(&id);
         }
         if let Some(closed_at) = registry.closed.get(&id) {
-            // A redriven set (`dlq redrive` marks it) is the operator's
-            // deliberate second try: it opens the session anew.
-            if arrival.envelope.only_branches().is_some() {
+            // A redriven set (`dlq redrive` marks it, trusted) is the
+            // operator's deliberate second try: it opens the session anew.
+            if arrival.envelope.annotations.redriven {
                 registry.closed.remove(&id);
             } else {
                 let ago = closed_at.elapsed();

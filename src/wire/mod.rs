@@ -1,13 +1,24 @@
 //! The wire contract: every `x-switchyard-*` header the forwarder reads or
-//! writes, named once. Producers' headers with the [`OWN_PREFIX`] are never
-//! forwarded as they came: each copy carries only what the forwarder itself
-//! sets (docs/configuration.md lists them with their meaning).
+//! writes, named once, and [`trust`], which decides once per delivery which
+//! of them count. Producers' headers with the [`OWN_PREFIX`] are never
+//! forwarded as they came: each copy and dead letter carries only what the
+//! forwarder itself sets ([`foreign`] is what it keeps), and only a trusted
+//! message's annotations are read (docs/configuration.md lists them with
+//! their meaning, docs/guarantees.md who may write them).
+
+pub mod trust;
+
+pub use trust::{Annotations, Ignored, Kind, Reading, Trust};
+
+use crate::amqp::{AmqpValue, FieldTable, ShortString};
 
 /// Prefix of every header the forwarder owns; producers' are stripped.
 pub const OWN_PREFIX: &str = "x-switchyard-";
 
 /// The only branches a message should reach (set by `dlq redrive`).
 pub const ONLY: &str = "x-switchyard-only";
+/// Set by `dlq redrive` on what it puts back: a closed session opens anew.
+pub const REDRIVEN: &str = "x-switchyard-redriven";
 /// How many times a message was forwarded.
 pub const HOPS: &str = "x-switchyard-hops";
 /// The identity of one publish attempt, for attributing returns.
@@ -46,3 +57,39 @@ pub const REMOVED_HEADERS: &str = "x-switchyard-removed-headers";
 /// Header in which quorum queues count earlier deliveries (the broker's,
 /// not the forwarder's).
 pub const DELIVERY_COUNT: &str = "x-delivery-count";
+
+/// Every header of the forwarder's, in a fixed order: the labels of
+/// `switchyard_untrusted_headers_total` (any other `x-switchyard-*` name
+/// counts as `other`).
+pub const KNOWN: [&str; 16] = [
+    ONLY,
+    HOPS,
+    REDRIVEN,
+    PUBLISH_ID,
+    REPLAY,
+    SESSION,
+    COPY_ID,
+    PROBE,
+    REASON,
+    ERROR,
+    FAILED,
+    FAILED_ENDPOINTS,
+    DELIVERED,
+    SOURCE_QUEUE,
+    DEAD_LETTERED_AT,
+    REMOVED_HEADERS,
+];
+
+/// Whether header `name` is the forwarder's to write.
+pub fn is_own(name: &str) -> bool {
+    name.starts_with(OWN_PREFIX)
+}
+
+/// The headers of `headers` that are not the forwarder's: what a copy or a
+/// dead letter keeps of a message's own headers, whoever sent it.
+pub fn foreign(headers: &FieldTable) -> impl Iterator<Item = (&ShortString, &AmqpValue)> {
+    headers
+        .inner()
+        .iter()
+        .filter(|(name, _)| !is_own(name.as_str()))
+}
