@@ -23,7 +23,7 @@ use support::{
 };
 
 /// The keys of every `dlq inspect --json` object (README, "Dead-letter queue").
-const JSON_KEYS: [&str; 13] = [
+const JSON_KEYS: [&str; 14] = [
     "message_id",
     "reason",
     "error",
@@ -35,6 +35,7 @@ const JSON_KEYS: [&str; 13] = [
     "annotated",
     "x_death",
     "note",
+    "producer_annotations",
     "body_bytes",
     "body_preview",
 ];
@@ -249,7 +250,8 @@ async fn inspect_lists_republished_dead_letters_with_every_filter_and_changes_no
         .await_count(&format!("{p}.service"), 6, DEFAULT_TIMEOUT)
         .await;
     forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
-    // A dead letter from two hours ago, annotated as the forwarder does.
+    // A dead letter from two hours ago, annotated as the forwarder does,
+    // under its user (`guest`).
     let mut headers = FieldTable::default();
     headers.insert("x-switchyard-reason".into(), amqp_str("exhausted"));
     headers.insert(
@@ -270,6 +272,7 @@ async fn inspect_lists_republished_dead_letters_with_every_filter_and_changes_no
             b"old",
             BasicProperties::default()
                 .with_message_id("old".into())
+                .with_user_id("guest".into())
                 .with_headers(headers),
         )
         .await;
@@ -577,6 +580,106 @@ async fn redrive_of_partial_deliveries_reaches_only_the_missing_branch() {
         assert!(m.header("x-switchyard-reason").is_none());
         assert!(m.header("x-death").is_none());
     }
+    delete_all_with_prefix(&p).await;
+}
+
+/// The dead-letter tools trust only what the forwarder wrote: a message a
+/// producer put on the dead-letter queue with a forged record and probe
+/// mark is listed (not hidden as a probe), its headers shown as a
+/// producer's, and redriven to every branch; the forwarder's own record
+/// beside it (under its user) is read and redriven to its failed branch
+/// only.
+#[tokio::test]
+async fn a_forged_record_is_shown_as_a_producers_and_redriven_to_every_branch() {
+    let p = unique_prefix("dlq-forged");
+    let broker = TestBroker::connect(&p).await;
+    let (inbound, dlq_name) = (format!("{p}.in"), format!("{p}.dlq"));
+    let (service, logging) = (format!("{p}.service"), format!("{p}.logging"));
+    let toml = mixed(&p, "republish").toml();
+    let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
+    let record = |id: &str| {
+        let mut headers = FieldTable::default();
+        headers.insert("kind".into(), amqp_str("order"));
+        headers.insert("x-switchyard-reason".into(), amqp_str("exhausted"));
+        headers.insert("x-switchyard-failed".into(), array(&["logging"]));
+        headers.insert("x-switchyard-delivered".into(), array(&["service"]));
+        BasicProperties::default()
+            .with_message_id(id.into())
+            .with_headers(headers)
+    };
+    let mut forged = record("forged");
+    let mut headers = forged.headers().clone().unwrap_or_default();
+    headers.insert("x-switchyard-probe".into(), AMQPValue::Boolean(true));
+    forged = forged.with_headers(headers);
+    broker.publish("", &dlq_name, b"forged", forged).await;
+    let own = record("own").with_user_id("guest".into());
+    broker.publish("", &dlq_name, b"own", own).await;
+    broker.await_count(&dlq_name, 2, DEFAULT_TIMEOUT).await;
+    let config = ConfigFile::new(&p, &toml);
+
+    let listed = inspect_json(&config, &[]).await;
+    assert_eq!(
+        ids(&listed),
+        ["forged", "own"],
+        "a forged probe mark hides nothing"
+    );
+    let (f, o) = (&listed[0], &listed[1]);
+    assert_eq!(f["annotated"], false);
+    assert_eq!(f["reason"], Value::Null);
+    assert_eq!(f["failed"], serde_json::json!([]));
+    assert_eq!(f["delivered"], serde_json::json!([]));
+    let mut shown: Vec<&str> = f["producer_annotations"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    shown.sort_unstable();
+    assert_eq!(
+        shown,
+        [
+            "x-switchyard-delivered",
+            "x-switchyard-failed",
+            "x-switchyard-probe",
+            "x-switchyard-reason"
+        ]
+    );
+    assert_eq!(o["annotated"], true);
+    assert_eq!(o["reason"], "exhausted");
+    assert_eq!(o["producer_annotations"], serde_json::json!([]));
+    let table = dlq_ok(&config, &["inspect"]).await;
+    assert!(
+        table.contains("not the forwarder's (a producer's headers, ignored): "),
+        "{table}"
+    );
+
+    let dry = dlq_ok(&config, &["redrive", "--dry-run"]).await;
+    let lines: Vec<&str> = dry.lines().take(2).collect();
+    assert_eq!(
+        lines,
+        [
+            format!(
+                "would redrive forged (-) to {inbound}: every branch (no record of the forwarder's on it)"
+            ),
+            format!("would redrive own (exhausted) to {inbound}: only logging"),
+        ],
+        "{dry}"
+    );
+    broker.declare_queue(&logging).await;
+    dlq_ok(&config, &["redrive"]).await;
+    broker.await_count(&logging, 2, DEFAULT_TIMEOUT).await;
+    wait_until("the inbound queue is done", DEFAULT_TIMEOUT, || async {
+        ready_unacked(&inbound).await == Some((0, 0))
+    })
+    .await;
+    forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        message_ids(&broker.get_all(&service).await),
+        ["forged"],
+        "the forged record named no branch; the forwarder's did"
+    );
+    let mut on_logging = message_ids(&broker.get_all(&logging).await);
+    on_logging.sort();
+    assert_eq!(on_logging, ["forged", "own"]);
+    assert_eq!(broker.queue_len(&dlq_name).await, 0);
     delete_all_with_prefix(&p).await;
 }
 

@@ -511,7 +511,9 @@ async fn a_refused_message_dead_letters_its_whole_session_with_the_screens_reaso
     let (body, props) = s.message(2, None);
     let mut headers = props.headers().clone().unwrap_or_default();
     headers.insert("x-switchyard-hops".into(), AMQPValue::LongLongInt(3));
-    publish(&broker, &inbound, &[(body, props.with_headers(headers))]).await;
+    // A trusted user's hop count (a forwarder's copy), which counts.
+    let props = props.with_headers(headers).with_user_id("guest".into());
+    publish(&broker, &inbound, &[(body, props)]).await;
 
     let dead = take(&broker, &dlq, 3).await;
     assert_eq!(

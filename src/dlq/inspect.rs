@@ -190,6 +190,12 @@ fn details(r: &Record, now_ms: i64) -> Vec<String> {
             d.queue.as_deref().unwrap_or("?"),
         ));
     }
+    if !r.producer_annotations.is_empty() {
+        lines.push(format!(
+            "not the forwarder's (a producer's headers, ignored): {}",
+            r.producer_annotations.join(", ")
+        ));
+    }
     if !r.annotated {
         lines.push(format!("note: {NACK_NOTE}"));
     }

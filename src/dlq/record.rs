@@ -3,11 +3,17 @@
 //! broker's `x-death` (nack mode, or a message the broker dead-lettered by
 //! itself), the first bytes of the body, and the copy redrive publishes.
 //! Pure: no I/O.
+//!
+//! Only a dead letter whose `user_id` is a trusted user's ([`Trust`]: the
+//! forwarder's own, which its dead letters carry, and
+//! `inbound.trusted_users`) is read for the forwarder's record. On any
+//! other, `x-switchyard-*` headers are a producer's: their names are shown
+//! as such, their values never taken for the forwarder's.
 
 use crate::amqp::{AmqpValue, FieldArray, FieldTable, Properties};
 use crate::envelope::{Envelope, value_text};
 use crate::routing::RoutingTable;
-use crate::wire::{self, OWN_PREFIX};
+use crate::wire::{self, Kind, OWN_PREFIX, Trust};
 use serde_json::{Value, json};
 
 /// How many bytes of the body a listing shows.
@@ -80,8 +86,13 @@ pub struct Record {
     /// When it was dead-lettered, in unix milliseconds:
     /// `x-switchyard-dead-lettered-at`, or the newest `x-death` time.
     pub dead_lettered_at_ms: Option<i64>,
-    /// Whether the forwarder annotated it (republish mode).
+    /// Whether the forwarder annotated it (republish mode): it carries the
+    /// record of a trusted user.
     pub annotated: bool,
+    /// The kinds of `x-switchyard-*` header it carries that are not the
+    /// forwarder's record (a producer's; `other` for unknown names),
+    /// ignored.
+    pub producer_annotations: Vec<&'static str>,
     /// `x-death`, newest first.
     pub deaths: Vec<Death>,
     /// The body's length in bytes.
@@ -92,14 +103,21 @@ pub struct Record {
 
 impl Record {
     /// Reads `message`; `routing` names the endpoint each failed branch
-    /// tried last.
-    pub fn read(message: &Envelope, routing: &RoutingTable) -> Self {
-        let text = |name: &str| {
-            message
-                .header(name)
-                .and_then(value_text)
-                .map(|t| t.into_owned())
-        };
+    /// tried last; only a message of a user `trust` names is read for the
+    /// forwarder's record.
+    pub fn read(message: &Envelope, routing: &RoutingTable, trust: &Trust) -> Self {
+        let trusted = trust.trusts(&message.properties);
+        let header = |name: &str| message.header(name).filter(|_| trusted);
+        let text = |name: &str| header(name).and_then(value_text).map(|t| t.into_owned());
+        let mut producer_annotations: Vec<&'static str> = Vec::new();
+        if !trusted {
+            for name in message.headers().iter().flat_map(|h| h.inner().keys()) {
+                let label = Kind::of(name.as_str()).map(Kind::label);
+                if let Some(label) = label.filter(|l| !producer_annotations.contains(l)) {
+                    producer_annotations.push(label);
+                }
+            }
+        }
         let deaths = match message.header("x-death") {
             Some(AmqpValue::FieldArray(items)) => {
                 items.as_slice().iter().filter_map(death).collect()
@@ -110,12 +128,12 @@ impl Record {
         let reason = text(wire::REASON);
         let annotated = reason.is_some();
         let error = text(wire::ERROR);
-        let failed_names = names(message.header(wire::FAILED));
+        let failed_names = names(header(wire::FAILED));
         let errors = branch_errors(error.as_deref().unwrap_or(""), &failed_names);
         // The forwarder records the endpoint that refused each branch last;
         // for older dead letters, only an exhausted list ends on the endpoint
         // it tries last.
-        let recorded = names(message.header(wire::FAILED_ENDPOINTS));
+        let recorded = names(header(wire::FAILED_ENDPOINTS));
         let exhausted = reason.as_deref() == Some("exhausted");
         let failed = failed_names
             .into_iter()
@@ -132,7 +150,7 @@ impl Record {
                 error,
             })
             .collect();
-        let dead_lettered_at_ms = match message.header(wire::DEAD_LETTERED_AT) {
+        let dead_lettered_at_ms = match header(wire::DEAD_LETTERED_AT) {
             Some(v) => value_text(v).and_then(|t| t.parse().ok()),
             None => newest.and_then(|d| d.time).map(|s| s.saturating_mul(1000)),
         };
@@ -149,10 +167,11 @@ impl Record {
             }),
             error,
             failed,
-            delivered: names(message.header(wire::DELIVERED)),
+            delivered: names(header(wire::DELIVERED)),
             source_queue: text(wire::SOURCE_QUEUE).or_else(|| newest.and_then(|d| d.queue.clone())),
             dead_lettered_at_ms,
             annotated,
+            producer_annotations,
             deaths,
             body_bytes: message.body.len(),
             body_preview: printable(&message.body[..message.body.len().min(PREVIEW_BYTES)]),
@@ -212,6 +231,7 @@ impl Record {
             "annotated": self.annotated,
             "x_death": deaths,
             "note": (!self.annotated).then_some(NACK_NOTE),
+            "producer_annotations": self.producer_annotations,
             "body_bytes": self.body_bytes,
             "body_preview": self.body_preview,
         })
@@ -219,21 +239,28 @@ impl Record {
 }
 
 /// Whether `message` is the forwarder's dead-letter route probe, which is
-/// not a dead letter.
-pub fn is_probe(message: &Envelope) -> bool {
-    message.header(wire::PROBE).is_some()
+/// not a dead letter: marked, and published by a trusted user (a
+/// producer's mark hides nothing).
+pub fn is_probe(message: &Envelope, trust: &Trust) -> bool {
+    message.header(wire::PROBE).is_some() && trust.trusts(&message.properties)
 }
 
 /// The properties of the copy `dlq redrive` puts back on the inbound
 /// queue: the dead letter's own, without the forwarder's annotations and
-/// the broker's dead-letter headers, restricted with `x-switchyard-only` to
-/// `only` when it is not empty (a dead letter without failed branches goes
-/// to every branch).
-pub fn redrive_properties(message: &Envelope, only: &[String]) -> Properties {
+/// the broker's dead-letter headers, marked `x-switchyard-redriven`,
+/// restricted with `x-switchyard-only` to `only` when it is not empty (a
+/// dead letter without failed branches goes to every branch), and
+/// published as `user` (the redriving user, which the forwarder trusts) so
+/// the forwarder honours those marks. A producer's own `user_id` (not a
+/// trusted user's) is kept, as the forwarder keeps it on copies: the
+/// broker refuses it unless it is the redriving user's.
+pub fn redrive_properties(
+    message: &Envelope,
+    only: &[String],
+    user: Option<&str>,
+    trust: &Trust,
+) -> Properties {
     let original = message.headers();
-    if original.is_none() && only.is_empty() {
-        return message.properties.clone();
-    }
     let mut headers = FieldTable::default();
     for (name, value) in original.map(|h| h.inner().iter()).into_iter().flatten() {
         let name_text = name.as_str();
@@ -254,7 +281,13 @@ pub fn redrive_properties(message: &Envelope, only: &[String]) -> Properties {
             AmqpValue::FieldArray(FieldArray::from(names)),
         );
     }
-    message.properties.clone().with_headers(headers)
+    headers.insert(wire::REDRIVEN.into(), AmqpValue::Boolean(true));
+    let properties = message.properties.clone().with_headers(headers);
+    let producers = properties.user_id().is_some() && !trust.trusts(&properties);
+    match user {
+        Some(user) if !producers => properties.with_user_id(user.into()),
+        _ => properties,
+    }
 }
 
 /// `text` with control characters shown as `.`; invalid UTF-8 becomes
@@ -363,6 +396,23 @@ filter = "all"
 endpoint = "l1"
 "#;
 
+    /// The forwarder's own user, which its dead letters carry.
+    fn trust() -> Trust {
+        Trust::new(vec!["guest".to_owned()])
+    }
+
+    /// `m` as a producer sent it: no `user_id`.
+    fn from_producer(mut m: Envelope) -> Envelope {
+        let mut p = Properties::default()
+            .with_message_id("m-1".into())
+            .with_correlation_id("c-1".into());
+        if let Some(h) = m.headers() {
+            p = p.with_headers(h.clone());
+        }
+        m.properties = p;
+        m
+    }
+
     fn routing() -> std::sync::Arc<RoutingTable> {
         load_str(CONFIG, "t.toml")
             .unwrap_or_else(|e| panic!("{e}"))
@@ -392,6 +442,7 @@ endpoint = "l1"
             properties: Properties::default()
                 .with_message_id("m-1".into())
                 .with_correlation_id("c-1".into())
+                .with_user_id("guest".into())
                 .with_headers(table),
             body: body.to_vec(),
             annotations: Default::default(),
@@ -424,7 +475,7 @@ endpoint = "l1"
 
     #[test]
     fn an_annotated_dead_letter_names_its_branches_endpoints_and_errors() {
-        let r = Record::read(&annotated(), &routing());
+        let r = Record::read(&annotated(), &routing(), &trust());
         assert_eq!(r.message_id.as_deref(), Some("m-1"));
         assert_eq!(r.reason.as_deref(), Some("exhausted"));
         assert!(r.annotated);
@@ -469,7 +520,7 @@ endpoint = "l1"
             ],
             b"",
         );
-        let r = Record::read(&rejected, &routing());
+        let r = Record::read(&rejected, &routing(), &trust());
         assert_eq!(r.failed[0].endpoint.as_deref(), Some("s1"));
     }
 
@@ -489,7 +540,7 @@ endpoint = "l1"
             )],
             b"",
         );
-        let r = Record::read(&m, &routing());
+        let r = Record::read(&m, &routing(), &trust());
         assert!(!r.annotated);
         assert_eq!(r.reason.as_deref(), Some("x-death:rejected"));
         assert_eq!(r.source_queue.as_deref(), Some("in"));
@@ -529,7 +580,7 @@ endpoint = "l1"
         let mut headers = m.headers().cloned().unwrap_or_default();
         headers.insert("x-switchyard-reason".into(), text("rejected"));
         m.properties = m.properties.clone().with_headers(headers);
-        let r = Record::read(&m, &routing());
+        let r = Record::read(&m, &routing(), &trust());
         assert!(r.failed.iter().all(|f| f.endpoint.is_none()));
     }
 
@@ -541,33 +592,87 @@ endpoint = "l1"
         headers.insert("x-first-death-queue".into(), text("in"));
         headers.insert("x-delivery-count".into(), AmqpValue::LongLongInt(3));
         m.properties = m.properties.clone().with_headers(headers);
-        let copy = redrive_properties(&m, &["logging".to_owned()]);
+        let copy = redrive_properties(&m, &["logging".to_owned()], Some("guest"), &trust());
         let h = copy.headers().clone().unwrap_or_default();
         let mut keys: Vec<&str> = h.inner().keys().map(|k| k.as_str()).collect();
         keys.sort();
-        assert_eq!(keys, ["tenant", "x-switchyard-only"]);
+        assert_eq!(
+            keys,
+            ["tenant", "x-switchyard-only", "x-switchyard-redriven"]
+        );
+        assert_eq!(copy.user_id().as_ref().map(|u| u.as_str()), Some("guest"));
         assert_eq!(h.inner().get(wire::ONLY), Some(&array(&["logging"])));
         assert_eq!(copy.message_id(), m.properties.message_id());
         assert_eq!(copy.correlation_id(), m.properties.correlation_id());
 
-        let none = redrive_properties(&m, &[]);
+        let none = redrive_properties(&m, &[], Some("guest"), &trust());
         assert!(
             none.headers()
                 .as_ref()
                 .is_some_and(|h| !h.inner().contains_key(wire::ONLY))
         );
+        // A producer's message without a user_id is sent as the redriving
+        // user; one with the producer's own keeps it.
         let mut bare = annotated();
         bare.properties = Properties::default().with_message_id("m".into());
-        assert_eq!(redrive_properties(&bare, &[]), bare.properties);
+        let sent = redrive_properties(&bare, &[], Some("guest"), &trust());
+        assert_eq!(sent.user_id().as_ref().map(|u| u.as_str()), Some("guest"));
+        bare.properties = bare.properties.clone().with_user_id("producer".into());
+        let kept = redrive_properties(&bare, &[], Some("guest"), &trust());
+        assert_eq!(
+            kept.user_id().as_ref().map(|u| u.as_str()),
+            Some("producer")
+        );
+    }
+
+    #[test]
+    fn a_producers_record_is_shown_as_such_and_never_taken_for_the_forwarders() {
+        let mut death = FieldTable::default();
+        death.insert("reason".into(), text("rejected"));
+        death.insert("queue".into(), text("in"));
+        let mut forged = from_producer(annotated());
+        let mut headers = forged.headers().cloned().unwrap_or_default();
+        headers.insert(
+            "x-death".into(),
+            AmqpValue::FieldArray(FieldArray::from(vec![AmqpValue::FieldTable(death)])),
+        );
+        headers.insert("x-switchyard-made-up".into(), text("x"));
+        forged.properties = forged.properties.clone().with_headers(headers);
+        let r = Record::read(&forged, &routing(), &trust());
+        assert!(!r.annotated);
+        assert_eq!(r.reason.as_deref(), Some("x-death:rejected"));
+        assert_eq!(r.source_queue.as_deref(), Some("in"), "from x-death");
+        assert!(r.failed.is_empty() && r.delivered.is_empty() && r.error.is_none());
+        assert_eq!(r.missing(), Missing::Every, "redriven to every branch");
+        let mut shown = r.producer_annotations.clone();
+        shown.sort_unstable();
+        assert_eq!(
+            shown,
+            [
+                "other",
+                "x-switchyard-dead-lettered-at",
+                "x-switchyard-delivered",
+                "x-switchyard-error",
+                "x-switchyard-failed",
+                "x-switchyard-hops",
+                "x-switchyard-reason",
+                "x-switchyard-source-queue",
+            ]
+        );
+        assert_eq!(r.to_json(0)["note"], NACK_NOTE);
+        let producer = Trust::new(vec!["someone-else".to_owned()]);
+        assert!(!Record::read(&annotated(), &routing(), &producer).annotated);
     }
 
     #[test]
     fn probes_are_recognised() {
-        assert!(is_probe(&message(
-            vec![(wire::PROBE, AmqpValue::Boolean(true))],
-            b""
-        )));
-        assert!(!is_probe(&annotated()));
+        let probe = message(vec![(wire::PROBE, AmqpValue::Boolean(true))], b"");
+        assert!(is_probe(&probe, &trust()));
+        assert!(!is_probe(&annotated(), &trust()));
+        assert!(
+            !is_probe(&from_producer(probe), &trust()),
+            "a producer's mark hides nothing"
+        );
     }
 
     #[test]

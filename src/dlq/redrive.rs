@@ -3,8 +3,12 @@
 //! Each selected dead letter is published to the inbound queue (default
 //! exchange, `mandatory`, on a confirm channel) without the forwarder's
 //! annotations and the broker's dead-letter headers, with
-//! `x-switchyard-only` naming the branches it failed on, if any, so the
-//! branches it already reached get no duplicate. One that every branch
+//! `x-switchyard-only` naming the branches it failed on, if the
+//! forwarder's own record says so, so the branches it already reached get
+//! no duplicate; a dead letter without that record (nack mode, or a
+//! producer's annotations) goes to every branch. It is published as the
+//! redriving user and marked `x-switchyard-redriven`, which the forwarder
+//! trusts. One that every branch
 //! already holds (the forwarder recorded it delivered everywhere: a
 //! session's message, dead-lettered with its set) is removed without a
 //! copy. Its dead-letter copy is
@@ -94,7 +98,9 @@ pub async fn redrive(
             }
         };
         if dry_run {
-            let to = if only.is_empty() {
+            let to = if only.is_empty() && !record.annotated {
+                "every branch (no record of the forwarder's on it)".to_owned()
+            } else if only.is_empty() {
                 "every branch".to_owned()
             } else {
                 format!("only {}", only.join(", "))
@@ -105,7 +111,11 @@ pub async fn redrive(
             }
             continue;
         }
-        let properties = redrive_properties(&message, &only);
+        let user = settings
+            .brokers
+            .get(&settings.inbound.broker)
+            .and_then(|b| b.user());
+        let properties = redrive_properties(&message, &only, user.as_deref(), &scan.trust);
         match reader.republish(inbound, properties, &message.body).await {
             Ok(()) => {}
             Err(RepublishError::Refused(why)) => {

@@ -8,6 +8,7 @@ use crate::broker::{DlqReader, ReadError};
 use crate::config::{InvalidKey, Settings};
 use crate::destination::QueueType;
 use crate::envelope::Envelope;
+use crate::wire::Trust;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Which dead letters a command takes: `--limit`, `--reason`,
@@ -155,6 +156,8 @@ pub(super) struct Scan<'a> {
     pub(super) now_ms: i64,
     /// Counts so far.
     pub(super) counts: Counts,
+    /// Whose dead letters carry the forwarder's record.
+    pub(super) trust: Trust,
 }
 
 impl<'a> Scan<'a> {
@@ -168,6 +171,7 @@ impl<'a> Scan<'a> {
                 queued,
                 ..Counts::default()
             },
+            trust: Trust::new(settings.inbound.trusted_users.clone()),
         }
     }
 
@@ -188,11 +192,11 @@ impl<'a> Scan<'a> {
             };
             self.remaining -= 1;
             self.counts.seen += 1;
-            if is_probe(&message) {
+            if is_probe(&message, &self.trust) {
                 self.counts.probes += 1;
                 continue;
             }
-            let record = Record::read(&message, &self.settings.routing);
+            let record = Record::read(&message, &self.settings.routing, &self.trust);
             if self.selection.matches(&record, self.now_ms) {
                 self.counts.selected += 1;
                 return Ok(Some((message, record)));
@@ -301,6 +305,7 @@ mod tests {
             source_queue: None,
             dead_lettered_at_ms: at,
             annotated: true,
+            producer_annotations: Vec::new(),
             deaths: Vec::new(),
             body_bytes: 0,
             body_preview: String::new(),

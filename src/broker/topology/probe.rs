@@ -14,7 +14,8 @@ use lapin::options::BasicPublishOptions;
 /// somewhere, since a dead letter sent into an exchange without a matching
 /// binding is dropped silently (a nack) or returned forever (a republish).
 /// One probe message is published with `mandatory`, on a confirm channel;
-/// it carries [`wire::PROBE`] and `expiration = "0"`, so it expires at once
+/// it carries [`wire::PROBE`], the forwarder's user as `user_id` and
+/// `expiration = "0"`, so it expires at once
 /// unless a consumer of the dead-letter queue is waiting, which then sees
 /// one probe per start.
 pub(super) async fn probe_dead_letter_route(
@@ -28,6 +29,12 @@ pub(super) async fn probe_dead_letter_route(
     let properties = lapin::BasicProperties::default()
         .with_expiration("0".into())
         .with_headers(headers);
+    // Published as the forwarder's user, which the dead-letter tools trust:
+    // a producer's probe mark hides nothing.
+    let properties = match connector.user() {
+        Some(user) => properties.with_user_id(user.as_str().into()),
+        None => properties,
+    };
     let options = BasicPublishOptions {
         mandatory: true,
         ..Default::default()
