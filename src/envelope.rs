@@ -4,9 +4,9 @@
 //! values (they can be arbitrarily nested), and [`Envelope::header_depth`]
 //! measures how deep they nest without recursing.
 
+pub use crate::amqp::value_text;
 use crate::amqp::{AmqpValue, FieldTable, Properties};
 use crate::wire::Annotations;
-use std::borrow::Cow;
 
 /// The deepest nesting of tables and arrays a message's headers may have to
 /// be forwarded. Real headers nest a handful of levels (`x-death` nests 3);
@@ -154,32 +154,6 @@ fn deepest<'a>(roots: impl Iterator<Item = (&'a AmqpValue, usize)>) -> usize {
 
 fn is_container(value: &AmqpValue) -> bool {
     matches!(value, AmqpValue::FieldTable(_) | AmqpValue::FieldArray(_))
-}
-
-/// The text form of a scalar AMQP value: strings as UTF-8 (lossy), numbers
-/// in decimal, booleans as `true`/`false`. Arrays, tables, byte arrays and
-/// void have none.
-pub fn value_text(value: &AmqpValue) -> Option<Cow<'_, str>> {
-    Some(match value {
-        AmqpValue::Boolean(b) => Cow::Owned(b.to_string()),
-        AmqpValue::ShortShortInt(n) => Cow::Owned(n.to_string()),
-        AmqpValue::ShortShortUInt(n) => Cow::Owned(n.to_string()),
-        AmqpValue::ShortInt(n) => Cow::Owned(n.to_string()),
-        AmqpValue::ShortUInt(n) => Cow::Owned(n.to_string()),
-        AmqpValue::LongInt(n) => Cow::Owned(n.to_string()),
-        AmqpValue::LongUInt(n) => Cow::Owned(n.to_string()),
-        AmqpValue::LongLongInt(n) => Cow::Owned(n.to_string()),
-        AmqpValue::Float(f) => Cow::Owned(f.to_string()),
-        AmqpValue::Double(f) => Cow::Owned(f.to_string()),
-        AmqpValue::Timestamp(t) => Cow::Owned(t.to_string()),
-        AmqpValue::ShortString(s) => Cow::Borrowed(s.as_str()),
-        AmqpValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()),
-        AmqpValue::DecimalValue(_)
-        | AmqpValue::FieldArray(_)
-        | AmqpValue::FieldTable(_)
-        | AmqpValue::ByteArray(_)
-        | AmqpValue::Void => return None,
-    })
 }
 
 #[cfg(test)]

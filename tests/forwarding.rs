@@ -103,9 +103,11 @@ async fn multicast_keeps_body_properties_and_headers_exactly() {
             );
             let without_headers =
                 |p: &BasicProperties| p.clone().with_headers(FieldTable::default());
+            // The one property added: the forwarder's user, its mark for a
+            // forwarder downstream.
             assert_eq!(
                 without_headers(&m.properties),
-                without_headers(&sent),
+                without_headers(&sent).with_user_id("guest".into()),
                 "{queue} properties {i}"
             );
         }

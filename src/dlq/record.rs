@@ -13,7 +13,7 @@
 use crate::amqp::{AmqpValue, FieldArray, FieldTable, Properties};
 use crate::envelope::{Envelope, value_text};
 use crate::routing::RoutingTable;
-use crate::wire::{self, Kind, OWN_PREFIX, Trust};
+use crate::wire::{self, Kind, Trust};
 use serde_json::{Value, json};
 
 /// How many bytes of the body a listing shows.
@@ -264,7 +264,7 @@ pub fn redrive_properties(
     let mut headers = FieldTable::default();
     for (name, value) in original.map(|h| h.inner().iter()).into_iter().flatten() {
         let name_text = name.as_str();
-        let dropped = name_text.starts_with(OWN_PREFIX)
+        let dropped = wire::is_own(name_text)
             || BROKER_HEADERS.contains(&name_text)
             || BROKER_PREFIXES.iter().any(|p| name_text.starts_with(p));
         if !dropped {

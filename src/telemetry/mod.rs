@@ -29,7 +29,7 @@ use crate::wire::Ignored;
 use metrics::{EndpointLabels, FailoverLabels, Metrics, NodeLabels, ReasonLabels};
 use std::fmt::Display;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// The `Content-Type` of [`Telemetry::render`]'s output.
@@ -55,6 +55,18 @@ pub fn library_event_allowed(meta: &tracing::Metadata<'_>) -> bool {
 #[derive(Clone)]
 pub struct Telemetry {
     metrics: Arc<Metrics>,
+}
+
+/// Whether an event last logged at `last` (milliseconds, 0: never) is due
+/// again at `now_ms` (at least 1), at most once a minute; claims it if so,
+/// so of threads that race only one logs.
+fn once_a_minute(last: &AtomicU64, now_ms: u64) -> bool {
+    const EVERY_MS: u64 = 60_000;
+    let logged = last.load(Ordering::Relaxed);
+    let due = logged == 0 || now_ms.saturating_sub(logged) >= EVERY_MS;
+    due && last
+        .compare_exchange(logged, now_ms, Ordering::Relaxed, Ordering::Relaxed)
+        .is_ok()
 }
 
 impl Default for Telemetry {
@@ -131,19 +143,11 @@ impl Telemetry {
     /// forwarder's (`ignored`): each is counted, and each kind logged at
     /// most once a minute, without its value.
     pub fn untrusted_headers(&self, message_id: &str, user_id: Option<&str>, ignored: Ignored) {
-        const EVERY_MS: u64 = 60_000;
         let now_ms = (self.metrics.started.elapsed().as_millis() as u64).max(1);
         for kind in ignored.kinds() {
             let i = kind.index();
             self.metrics.untrusted_headers[i].inc();
-            let last = &self.metrics.untrusted_logged_ms[i];
-            let logged = last.load(Ordering::Relaxed);
-            let due = logged == 0 || now_ms.saturating_sub(logged) >= EVERY_MS;
-            if due
-                && last
-                    .compare_exchange(logged, now_ms, Ordering::Relaxed, Ordering::Relaxed)
-                    .is_ok()
-            {
+            if once_a_minute(&self.metrics.untrusted_logged_ms[i], now_ms) {
                 tracing::warn!(
                     message_id,
                     header = kind.label(),
@@ -686,8 +690,45 @@ fn millis(d: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::sample;
-    use super::{Replay, Telemetry};
+    use super::{Replay, Telemetry, once_a_minute};
+    use std::sync::atomic::AtomicU64;
     use std::time::Duration;
+
+    #[test]
+    fn an_untrusted_header_is_logged_at_most_once_a_minute_and_counted_every_time() {
+        let last = AtomicU64::new(0);
+        assert!(once_a_minute(&last, 1), "the first one is logged");
+        assert!(!once_a_minute(&last, 2));
+        assert!(!once_a_minute(&last, 60_000));
+        assert!(once_a_minute(&last, 60_001), "a minute later");
+        assert!(!once_a_minute(&last, 60_002));
+
+        let telemetry = Telemetry::new();
+        let ignored = crate::wire::Annotations::read(
+            &crate::amqp::Properties::default().with_headers({
+                let mut h = crate::amqp::FieldTable::default();
+                h.insert(
+                    crate::wire::ONLY.into(),
+                    crate::amqp::AmqpValue::Boolean(true),
+                );
+                h
+            }),
+            false,
+            &crate::wire::Reading::default(),
+        )
+        .ignored;
+        for _ in 0..3 {
+            telemetry.untrusted_headers("m", None, ignored);
+        }
+        let text = telemetry.render();
+        let series = |h: &str| format!("switchyard_untrusted_headers_total{{header=\"{h}\"}}");
+        assert_eq!(sample(&text, &series("x-switchyard-only")), Some(3.0));
+        assert_eq!(
+            sample(&text, &series("other")),
+            Some(0.0),
+            "every series from the start"
+        );
+    }
 
     #[test]
     fn every_spec_metric_is_exposed_from_the_start() {

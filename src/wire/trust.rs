@@ -14,8 +14,7 @@
 //! queue, where the broker writes it.
 
 use super::{DELIVERY_COUNT, HOPS, ONLY, OWN_PREFIX, REDRIVEN};
-use crate::amqp::{AmqpValue, Properties};
-use crate::envelope::value_text;
+use crate::amqp::{AmqpValue, Properties, value_text};
 use std::borrow::Cow;
 
 /// The users whose messages may carry the forwarder's annotations.

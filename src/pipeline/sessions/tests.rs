@@ -4,13 +4,14 @@
 //! dead letters record about the branches that hold each message.
 
 use super::{Arrival, Sessions};
-use crate::amqp::AmqpValue;
+use crate::amqp::{AmqpValue, FieldTable, Properties};
 use crate::broker::{PublishFailure, Settled, SettledLog};
 use crate::config::Settings;
+use crate::envelope::Envelope;
 use crate::pipeline::generation::Generation;
 use crate::pipeline::testkit::{Call, Reply, Script, envelope, load, settings, settings_toml};
 use crate::telemetry::{Telemetry, sample};
-use crate::wire;
+use crate::wire::{self, Annotations, Reading, Trust};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
@@ -60,7 +61,12 @@ impl Bench {
         if end {
             headers.push(("session-end", AmqpValue::Boolean(true)));
         }
-        let envelope = envelope(&format!("{id}-{tag}"), &headers);
+        self.admit_as(tag, envelope(&format!("{id}-{tag}"), &headers))
+            .await;
+    }
+
+    /// Admits `envelope` with delivery tag `tag`.
+    async fn admit_as(&self, tag: u64, envelope: Arc<Envelope>) {
         let permit = match self.permits.clone().acquire_owned().await {
             Ok(permit) => permit,
             Err(e) => panic!("{e}"),
@@ -191,6 +197,53 @@ async fn a_closed_session_refuses_late_messages_until_its_ttl_runs_out() {
         "a new session of the same id"
     );
     assert_eq!(bench.script.calls(), ["a:s-1", "a:s-3"]);
+}
+
+/// A redriven set reopens a closed session only when the mark is trusted
+/// (`dlq redrive` publishes as the forwarder's user); a producer's
+/// `x-switchyard-redriven` or `x-switchyard-only` does not.
+#[tokio::test(start_paused = true)]
+async fn only_a_trusted_redrive_reopens_a_closed_session() {
+    let mut bench = Bench::new(on(""), Script::acking());
+    bench.admit(1, "s", true).await;
+    assert_eq!(bench.settled.drain(), acks(&[1]));
+    let reading = Reading {
+        trust: Trust::new(vec!["guest".to_owned()]),
+        quorum: false,
+    };
+    let redriven = |tag: u64, user: Option<&str>| {
+        let mut headers = FieldTable::default();
+        headers.insert("session-id".into(), AmqpValue::LongString("s".into()));
+        headers.insert("session-end".into(), AmqpValue::Boolean(true));
+        headers.insert(wire::REDRIVEN.into(), AmqpValue::Boolean(true));
+        headers.insert(wire::ONLY.into(), AmqpValue::LongString("service".into()));
+        let mut properties = Properties::default()
+            .with_message_id(format!("s-{tag}").into())
+            .with_headers(headers);
+        if let Some(user) = user {
+            properties = properties.with_user_id(user.into());
+        }
+        Arc::new(Envelope {
+            delivery_tag: tag,
+            exchange: String::new(),
+            routing_key: "in".to_owned(),
+            redelivered: false,
+            annotations: Annotations::read(&properties, false, &reading),
+            properties,
+            body: Vec::new(),
+        })
+    };
+    bench.admit_as(2, redriven(2, None)).await;
+    bench.admit_as(3, redriven(3, Some("producer"))).await;
+    assert_eq!(bench.settled.drain(), dead_letters(&[2, 3]));
+    assert_eq!(bench.dead_lettered("session-closed"), 2.0);
+    bench.admit_as(4, redriven(4, Some("guest"))).await;
+    assert_eq!(
+        bench.settled.drain(),
+        acks(&[4]),
+        "reopened by the trusted redrive"
+    );
+    assert_eq!(bench.script.calls(), ["a:s-1", "a:s-4"]);
 }
 
 /// The dead letters the script received, by message: (failed, delivered).
