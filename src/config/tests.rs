@@ -187,6 +187,46 @@ fn a_cluster_is_its_nodes_in_order_of_preference() {
 }
 
 #[test]
+fn the_forwarders_own_user_is_always_trusted_and_listed_users_besides() {
+    let load = |toml: &str| load_str(toml, "test.toml");
+    let settings = load(BASE).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(settings.inbound.trusted_users, ["guest"]);
+    let listed = BASE.replace(
+        "queue = \"work.in\"\n",
+        "queue = \"work.in\"\ntrusted_users = [\"upstream\", \"guest\"]\n",
+    );
+    let settings = load(&listed).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(settings.inbound.trusted_users, ["upstream", "guest"]);
+    let other = BASE.replace(
+        "queue = \"work.in\"\n",
+        "queue = \"work.in\"\ntrusted_users = [\"upstream\"]\n",
+    );
+    let settings = load(&other).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(settings.inbound.trusted_users, ["guest", "upstream"]);
+    let external = BASE.replace(
+        "127.0.0.1:5672/%2f\"",
+        "127.0.0.1:5672/%2f?auth_mechanism=external\"",
+    );
+    let settings = load(&external).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        settings.inbound.trusted_users.is_empty(),
+        "a certificate login names no user in the URI"
+    );
+    let empty = BASE.replace(
+        "queue = \"work.in\"\n",
+        "queue = \"work.in\"\ntrusted_users = [\"a\", \"\"]\n",
+    );
+    let error = load(&empty)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert_eq!(
+        error,
+        "test.toml: inbound.trusted_users[1]: must not be empty; name a RabbitMQ user"
+    );
+}
+
+#[test]
 fn filter_table_entries_default_to_optional_and_holding_through_outages() {
     let settings = load_str(BASE, "test.toml").unwrap_or_else(|e| panic!("{e}"));
     let summary = settings.routing.summary();
