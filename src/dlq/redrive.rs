@@ -53,6 +53,11 @@ pub async fn redrive(
         ProgressBar::hidden()
     };
     let mut scan = Scan::new(settings, selection, queued);
+    // The redriving user, which the copies carry as `user_id`.
+    let user = settings
+        .brokers
+        .get(&settings.inbound.broker)
+        .and_then(|b| b.user());
     let mut done = Redriven {
         from: settings.dead_letter.queue.clone().unwrap_or_default(),
         to: inbound.to_owned(),
@@ -111,10 +116,6 @@ pub async fn redrive(
             }
             continue;
         }
-        let user = settings
-            .brokers
-            .get(&settings.inbound.broker)
-            .and_then(|b| b.user());
         let properties = redrive_properties(&message, &only, user.as_deref(), &scan.trust);
         match reader.republish(inbound, properties, &message.body).await {
             Ok(()) => {}
