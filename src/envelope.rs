@@ -85,7 +85,7 @@ impl Envelope {
     }
 
     /// A name-based UUID of the routing key and the body.
-    fn content_uuid(&self) -> uuid::Uuid {
+    pub fn content_uuid(&self) -> uuid::Uuid {
         // Each part with its length in front, so no two messages' parts run
         // together into the same name.
         let mut name: Vec<u8> = Vec::with_capacity(self.body.len() + self.routing_key.len() + 16);

@@ -10,7 +10,7 @@
 //! # Layout
 //!
 //! Modules import one way: the leaves ([`amqp`], [`uri`], [`destination`],
-//! [`wire`], [`backoff`], [`errors`], [`telemetry`]) import no other module
+//! [`wire`], [`backoff`], [`errors`], [`listen`], [`telemetry`]) import no other module
 //! of the crate; then the envelope, the configuration and routing, the
 //! broker, the pipeline, and the commands.
 //!
@@ -32,6 +32,8 @@
 //!   channels, the consumer and its acks, topology, and the `Publish` seam
 //!   the engine publishes through.
 //! - [`telemetry`]: log events and metrics, named once, in a handle.
+//! - [`ingress`]: the HTTP ingress: requests become messages through the
+//!   pipeline's intake, answered with what happened to every branch.
 //! - [`admin`]: the HTTP endpoint: `/healthz`, `/readyz`, `/metrics`.
 //! - [`dlq`]: `dlq inspect` and `dlq redrive`, the dead-letter queue read
 //!   in place.
@@ -51,6 +53,8 @@ pub mod destination;
 pub mod dlq;
 pub mod envelope;
 pub mod errors;
+pub mod ingress;
+pub mod listen;
 pub mod pipeline;
 pub mod reload;
 pub mod routing;
@@ -78,6 +82,9 @@ pub struct Options {
     pub config_file: Option<PathBuf>,
     /// An admin listener already bound, used instead of `admin.listen`.
     pub admin: Option<std::net::TcpListener>,
+    /// An HTTP ingress listener already bound, used instead of
+    /// `ingress.http.listen` (when `[ingress.http]` is set).
+    pub http: Option<std::net::TcpListener>,
     /// New configurations to switch to while running (see [`reload`]);
     /// `None`: the configuration never changes.
     pub reloads: Option<tokio::sync::mpsc::Receiver<reload::Reload>>,
@@ -107,11 +114,20 @@ pub async fn run_with(
         (None, Some(addr)) => Some(admin::Admin::bind(addr).await.map_err(admin_error)?),
         (None, None) => None,
     };
+    let http = match &settings.http {
+        Some(config) => Some(
+            ingress::server::Listener::bind(config, options.http)
+                .await
+                .map_err(RunError::Ingress)?,
+        ),
+        None => None,
+    };
     let telemetry = options.telemetry;
     telemetry.starting(&startup_summary(
         &settings,
         options.config_file.as_deref(),
         admin.as_ref().map(admin::Admin::local_addr),
+        http.as_ref().map(ingress::server::Listener::local_addr),
     ));
     let token = CancellationToken::new();
     let trigger = token.clone();
@@ -119,6 +135,7 @@ pub async fn run_with(
         shutdown.await;
         trigger.cancel();
     });
+    let (settings_http, settings_sessions) = (settings.http.clone(), settings.sessions.clone());
     let mut forwarder = Forwarder::new(settings, telemetry.clone()).fail_fast(options.fail_fast);
     if let Some(reloads) = options.reloads {
         forwarder = forwarder.reloads(reloads);
@@ -127,12 +144,31 @@ pub async fn run_with(
     let server = admin.map(|admin| {
         let readiness = forwarder.readiness();
         let ready: admin::Ready = Arc::new(move || readiness.check());
-        tokio::spawn(admin.serve(telemetry, ready, admin_stop.clone()))
+        tokio::spawn(admin.serve(telemetry.clone(), ready, admin_stop.clone()))
     });
+    // The ingress stops taking requests when shutdown starts; the ones it
+    // took finish as the forwarder drains.
+    let ingress = match (http, &settings_http) {
+        (Some(listener), Some(config)) => {
+            let ingress = ingress::Ingress::new(
+                config.clone(),
+                settings_sessions.as_ref(),
+                forwarder.intake(),
+                telemetry.clone(),
+            );
+            Some(tokio::spawn(
+                listener.serve(Arc::new(ingress), token.clone()),
+            ))
+        }
+        _ => None,
+    };
     let result = forwarder.run(token).await;
     admin_stop.cancel();
     if let Some(server) = server {
         let _ = server.await;
+    }
+    if let Some(ingress) = ingress {
+        let _ = ingress.await;
     }
     signal.abort();
     result
@@ -142,6 +178,7 @@ fn startup_summary<'a>(
     settings: &config::Settings,
     config_file: Option<&'a std::path::Path>,
     admin: Option<std::net::SocketAddr>,
+    http: Option<std::net::SocketAddr>,
 ) -> telemetry::StartupSummary<'a> {
     let brokers: Vec<String> = settings
         .brokers
@@ -169,5 +206,13 @@ fn startup_summary<'a>(
         ),
         admin: admin.map_or_else(|| "disabled".to_owned(), |a| a.to_string()),
         sessions: config::Sessions::summary(settings.sessions.as_ref()),
+        http: match (settings.http.as_ref(), http) {
+            (Some(config), Some(addr)) => {
+                let mut config = config.clone();
+                config.listen = addr;
+                config::HttpIngress::summary(Some(&config))
+            }
+            _ => "off".to_owned(),
+        },
     }
 }

@@ -110,7 +110,7 @@ fn summary(path: &std::path::Path, settings: &Settings) -> String {
         .admin_listen
         .map_or_else(|| "disabled".to_owned(), |a| a.to_string());
     format!(
-        "{}: ok\ninbound: {} on {} (prefetch {})\ndead letters: {} via exchange \"{}\" key \"{}\"\nbrokers: {}\nadmin: {admin}\nsessions: {}\nfilter table:\n{}",
+        "{}: ok\ninbound: {} on {} (prefetch {})\ndead letters: {} via exchange \"{}\" key \"{}\"\nbrokers: {}\nadmin: {admin}\nsessions: {}\nhttp ingress: {}\nfilter table:\n{}",
         path.display(),
         settings.inbound.queue,
         settings.inbound.broker,
@@ -120,6 +120,7 @@ fn summary(path: &std::path::Path, settings: &Settings) -> String {
         settings.dead_letter.routing_key,
         brokers.join(", "),
         config::Sessions::summary(settings.sessions.as_ref()),
+        config::HttpIngress::summary(settings.http.as_ref()),
         settings.routing.summary()
     )
 }

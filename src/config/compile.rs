@@ -187,6 +187,11 @@ pub fn compile(raw: &RawConfig) -> Result<Settings> {
         })?),
     };
 
+    let http = match &raw.ingress.http {
+        Some(http) => Some(super::ingress::compile_http(http, prefetch)?),
+        None => None,
+    };
+
     Ok(Settings {
         name: raw.name.clone(),
         shutdown_timeout: Duration::from_millis(raw.shutdown_timeout_ms),
@@ -209,6 +214,7 @@ pub fn compile(raw: &RawConfig) -> Result<Settings> {
         routing: Arc::new(RoutingTable::new(branches)),
         admin_listen,
         sessions,
+        http,
         compiled: Compiled::new(),
     })
 }
@@ -275,7 +281,7 @@ fn compile_sessions(raw: &RawSessions, prefetch: u16) -> Result<Option<Sessions>
 
 /// `host:port`, or a bare port (`9090`, `:9090`) on the loopback address:
 /// the admin endpoint is not exposed unless a host says so.
-fn admin_address(text: &str) -> Option<std::net::SocketAddr> {
+pub(super) fn admin_address(text: &str) -> Option<std::net::SocketAddr> {
     let port = text.strip_prefix(':').unwrap_or(text);
     match port.parse::<u16>() {
         Ok(port) => Some(std::net::SocketAddr::from(([127, 0, 0, 1], port))),

@@ -5,6 +5,7 @@
 
 mod compile;
 mod error;
+mod ingress;
 mod load;
 pub mod raw;
 mod tls;
@@ -48,6 +49,8 @@ pub struct Settings {
     pub admin_listen: Option<SocketAddr>,
     /// Sessionful message sets; `None` when `sessions.enabled` is off.
     pub sessions: Option<Sessions>,
+    /// The HTTP ingress; `None` when `[ingress.http]` is absent.
+    pub http: Option<HttpIngress>,
     /// Proof that [`compile`] made it.
     pub compiled: Compiled,
 }
@@ -100,6 +103,70 @@ impl Sessions {
             s.max_messages,
             s.max_bytes,
             s.closed_ttl.as_millis()
+        )
+    }
+}
+
+/// `[ingress.http]`: the HTTP front door.
+#[derive(Clone, PartialEq, Eq)]
+pub struct HttpIngress {
+    /// Where it listens.
+    pub listen: SocketAddr,
+    /// The largest body accepted.
+    pub max_body_bytes: u64,
+    /// Requests delivered at once.
+    pub max_in_flight: u32,
+    /// How long one request may take.
+    pub request_timeout: Duration,
+    /// Accepted bearer tokens; empty: anyone who reaches the port.
+    pub tokens: Vec<String>,
+    /// Request headers copied into the message, lower case.
+    pub forward_headers: Vec<String>,
+    /// How long an `Idempotency-Key` is remembered.
+    pub idempotency_ttl: Duration,
+    /// The most keys remembered at once.
+    pub idempotency_max_keys: usize,
+    /// Connections served at once.
+    pub max_connections: usize,
+    /// How long request headers (and an idle keep-alive) may take.
+    pub header_timeout: Duration,
+    /// The listener's certificate and key, when it speaks TLS.
+    pub tls: Option<ClientIdentity>,
+}
+
+impl std::fmt::Debug for HttpIngress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Tokens are secrets: only how many there are is shown.
+        f.debug_struct("HttpIngress")
+            .field("listen", &self.listen)
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("request_timeout", &self.request_timeout)
+            .field("tokens", &self.tokens.len())
+            .field("forward_headers", &self.forward_headers)
+            .field("tls", &self.tls.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl HttpIngress {
+    /// One line for the startup summary and `check`.
+    pub fn summary(http: Option<&Self>) -> String {
+        let Some(h) = http else {
+            return "off".to_owned();
+        };
+        format!(
+            "{}://{} (max_in_flight {}, max_body_bytes {}, request_timeout_ms {}, {})",
+            if h.tls.is_some() { "https" } else { "http" },
+            h.listen,
+            h.max_in_flight,
+            h.max_body_bytes,
+            h.request_timeout.as_millis(),
+            if h.tokens.is_empty() {
+                "anonymous".to_owned()
+            } else {
+                format!("{} bearer token(s)", h.tokens.len())
+            }
         )
     }
 }

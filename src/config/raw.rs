@@ -44,6 +44,9 @@ pub struct RawConfig {
     /// The admin HTTP listener.
     #[serde(default)]
     pub admin: RawAdmin,
+    /// Sources of messages besides the inbound queue.
+    #[serde(default)]
+    pub ingress: RawIngress,
 }
 
 fn default_instance_name() -> String {
@@ -174,6 +177,16 @@ impl RawConfig {
     /// `dir` (the configuration file's directory) instead of the process's
     /// working directory.
     pub fn relative_to(&mut self, dir: &Path) {
+        if let Some(http) = &mut self.ingress.http {
+            for file in [&mut http.cert_file, &mut http.key_file]
+                .into_iter()
+                .flatten()
+            {
+                if file.is_relative() {
+                    *file = dir.join(&*file);
+                }
+            }
+        }
         for broker in self.brokers.values_mut() {
             for file in [
                 &mut broker.ca_file,
@@ -532,4 +545,103 @@ pub struct RawAdmin {
     /// `/metrics`), e.g. `127.0.0.1:9090`; a bare port (`9090`) listens on
     /// the loopback address only. Absent means disabled.
     pub listen: Option<String>,
+}
+
+/// `[ingress]`
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawIngress {
+    /// `[ingress.http]`: messages from HTTP requests.
+    pub http: Option<RawHttpIngress>,
+}
+
+/// `[ingress.http]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHttpIngress {
+    /// `host:port` to listen on; a bare port (`8080`) listens on the
+    /// loopback address only.
+    pub listen: String,
+    /// The largest request body accepted, in bytes.
+    #[serde(default = "default_max_body_bytes")]
+    pub max_body_bytes: u64,
+    /// Requests being delivered at once; more are answered 429. Default:
+    /// `inbound.prefetch`.
+    pub max_in_flight: Option<u32>,
+    /// How long a request may take, body read and every confirm included,
+    /// in milliseconds; past it the answer is 504.
+    #[serde(default = "default_request_timeout_ms")]
+    pub request_timeout_ms: u64,
+    /// Bearer tokens accepted in `Authorization`; a list, or one string of
+    /// comma-separated tokens (as an environment variable gives it).
+    #[serde(default, deserialize_with = "list_or_commas")]
+    pub tokens: Vec<String>,
+    /// A non-loopback `listen` without `tokens` is refused unless this is true.
+    #[serde(default)]
+    pub allow_anonymous: bool,
+    /// Request headers copied into the message's headers, by name
+    /// (case-insensitive).
+    #[serde(default, deserialize_with = "list_or_commas")]
+    pub forward_headers: Vec<String>,
+    /// How long the delivered branches of an `Idempotency-Key` are
+    /// remembered, in milliseconds.
+    #[serde(default = "default_idempotency_ttl_ms")]
+    pub idempotency_ttl_ms: u64,
+    /// The most keys remembered at once; the oldest is forgotten first.
+    #[serde(default = "default_idempotency_max_keys")]
+    pub idempotency_max_keys: u32,
+    /// Connections served at once; more wait in the listen backlog.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: u32,
+    /// How long a client may take to send a request's headers, and how long
+    /// an idle keep-alive connection is kept, in milliseconds.
+    #[serde(default = "default_header_timeout_ms")]
+    pub header_timeout_ms: u64,
+    /// PEM certificate chain: with `key_file`, the listener speaks TLS.
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key of `cert_file`.
+    pub key_file: Option<PathBuf>,
+}
+
+fn default_max_body_bytes() -> u64 {
+    1024 * 1024
+}
+
+fn default_request_timeout_ms() -> u64 {
+    30_000
+}
+
+fn default_idempotency_ttl_ms() -> u64 {
+    600_000
+}
+
+fn default_idempotency_max_keys() -> u32 {
+    100_000
+}
+
+fn default_max_connections() -> u32 {
+    1024
+}
+
+fn default_header_timeout_ms() -> u64 {
+    5_000
+}
+
+/// A list of strings, or one string of comma-separated entries.
+fn list_or_commas<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Form {
+        List(Vec<String>),
+        Text(String),
+    }
+    Ok(match Form::deserialize(d)? {
+        Form::List(items) => items,
+        Form::Text(text) => text
+            .split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(str::to_owned)
+            .collect(),
+    })
 }

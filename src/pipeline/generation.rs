@@ -94,6 +94,11 @@ impl Generation {
         self.blocking.iter().all(|b| !b.borrow().blocked) && !self.engine.outages().any()
     }
 
+    /// Whether a publishing broker blocks publishers (a resource alarm).
+    pub(super) fn blocked(&self) -> bool {
+        self.blocking.iter().any(|b| b.borrow().blocked)
+    }
+
     /// Compiles `settings` into generation `number`, reusing what `previous`
     /// has for unchanged brokers and endpoints. Connects lazily.
     pub(super) fn build(

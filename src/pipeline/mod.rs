@@ -12,6 +12,8 @@
 //! - `live`: the live generation, switched on reload.
 //! - [`outcome`]: branch outcomes and the verdict they reach.
 //! - [`settle`]: verdict → ack or dead letter.
+//! - [`intake`]: messages from the HTTP ingress, through the same screen,
+//!   routing and engine, their outcome answered rather than settled.
 //! - `generation`: one live configuration compiled into all of the above,
 //!   swapped as one unit on reload.
 //!
@@ -26,6 +28,7 @@
 mod consume;
 pub mod engine;
 mod generation;
+pub mod intake;
 mod live;
 pub mod outcome;
 pub mod screen;
@@ -66,6 +69,9 @@ pub enum RunError {
     /// The admin endpoint could not listen.
     #[error(transparent)]
     Admin(crate::admin::AdminError),
+    /// The HTTP ingress could not listen.
+    #[error(transparent)]
+    Ingress(crate::listen::ListenError),
 }
 
 /// A configured forwarder, not yet connected.
@@ -79,6 +85,8 @@ pub struct Forwarder {
     abandon: CancellationToken,
     /// True while the inbound consumer is consuming.
     consuming: Arc<AtomicBool>,
+    /// Set once the topology is prepared: the intake takes messages.
+    prepared: Arc<AtomicBool>,
     /// Every transaction and session task, awaited at shutdown.
     tracker: TaskTracker,
     /// Open sessions, sessions waiting for a slot, recently closed ones.
@@ -102,6 +110,7 @@ impl Forwarder {
             tracker,
             abandon,
             consuming: Arc::new(AtomicBool::new(false)),
+            prepared: Arc::new(AtomicBool::new(false)),
             fail_fast: false,
             telemetry,
         }
@@ -122,6 +131,16 @@ impl Forwarder {
         self
     }
 
+    /// A handle to submit messages that do not come from the inbound
+    /// queue (the HTTP ingress); it works while [`run`](Self::run) runs.
+    pub fn intake(&self) -> intake::Intake {
+        intake::Intake::new(
+            self.live.clone(),
+            self.prepared.clone(),
+            self.tracker.clone(),
+        )
+    }
+
     /// Whether the forwarder serves now; cheap to clone and to ask.
     pub fn readiness(&self) -> Readiness {
         Readiness {
@@ -139,6 +158,7 @@ impl Forwarder {
                 self.telemetry.reason_known(reason.as_str());
             }
             self.live.announce(&first);
+            self.prepared.store(true, Ordering::Release);
         }
         drop(first);
         let consumer = consume::Consumer {
@@ -151,6 +171,7 @@ impl Forwarder {
             telemetry: self.telemetry.clone(),
         };
         let inbound = consumer.consume_until(&shutdown).await;
+        self.prepared.store(false, Ordering::Release);
         let tracker = &self.tracker;
         tracker.close();
         let bound = self.live.current().settings.shutdown_timeout;

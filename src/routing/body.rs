@@ -60,6 +60,12 @@ impl<'a> Body<'a> {
             .map(Package::as_document)
     }
 
+    /// Whether a filter asked for the body as JSON or XML and it was not
+    /// one (or was past the bounds).
+    pub fn failed_to_parse(&self) -> bool {
+        matches!(self.json.get(), Some(None)) || matches!(self.xml.get(), Some(None))
+    }
+
     /// Whether nothing asked for the body yet.
     #[cfg(test)]
     pub fn is_unparsed(&self) -> bool {

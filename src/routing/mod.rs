@@ -198,18 +198,32 @@ impl RoutingTable {
     /// matching priority. With `x-switchyard-only`, entries it does not name
     /// are ignored, except required ones. Empty means no route.
     pub fn route(&self, envelope: &Envelope) -> Vec<BranchPlan> {
+        self.route_body(envelope, &Body::new(&envelope.body))
+    }
+
+    /// [`Self::route`], and whether a body filter needed the body parsed
+    /// and it did not parse (as JSON or XML, whichever was asked): the
+    /// HTTP ingress answers such a request 415 rather than 404 when
+    /// nothing matched.
+    pub fn route_reading_body(&self, envelope: &Envelope) -> (Vec<BranchPlan>, bool) {
+        let body = Body::new(&envelope.body);
+        let plans = self.route_body(envelope, &body);
+        let unparsable = body.failed_to_parse();
+        (plans, unparsable)
+    }
+
+    fn route_body(&self, envelope: &Envelope, body: &Body<'_>) -> Vec<BranchPlan> {
         let only = envelope.annotations.only.as_ref();
         let allowed = |b: &Branch| {
             b.required || only.is_none_or(|names| names.iter().any(|n| n.as_str() == b.name()))
         };
-        let body = Body::new(&envelope.body);
         let mut chosen: Option<i32> = None;
         let mut plans = Vec::new();
         for branch in &self.branches {
             if chosen.is_some_and(|p| p != branch.priority) {
                 break;
             }
-            if allowed(branch) && branch.filter.matches_with(envelope, &body) {
+            if allowed(branch) && branch.filter.matches_with(envelope, body) {
                 chosen = Some(branch.priority);
                 plans.push(branch.plan());
             }

@@ -52,6 +52,16 @@ pub(super) struct NodeLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct CodeLabels {
+    pub(super) code: u16,
+}
+
+/// Upper bounds of the HTTP request-latency buckets, in seconds.
+const REQUEST_BUCKETS: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 30.0,
+];
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub(super) struct EndpointLabels {
     pub(super) endpoint: String,
 }
@@ -110,6 +120,8 @@ pub(super) struct Metrics {
     pub(super) broker_node: Family<NodeLabels, Gauge>,
     pub(super) endpoint_up: Family<EndpointLabels, Gauge>,
     pub(super) config_generation: Gauge,
+    pub(super) http_requests: Family<CodeLabels, Counter>,
+    pub(super) http_seconds: Histogram,
     /// By [`Kind`] index: ignored headers of untrusted messages.
     pub(super) untrusted_headers: Vec<Counter>,
     /// By [`Kind`] index: when that kind was last logged, in milliseconds
@@ -135,6 +147,8 @@ impl Metrics {
             broker_node: Family::default(),
             endpoint_up: Family::default(),
             config_generation: Gauge::default(),
+            http_requests: Family::default(),
+            http_seconds: Histogram::new(REQUEST_BUCKETS),
             untrusted_headers: Vec::new(),
             untrusted_logged_ms: Kind::all().map(|_| AtomicU64::new(0)).collect(),
             started: Instant::now(),
@@ -217,6 +231,16 @@ impl Metrics {
             "switchyard_config_generation",
             "Generation of the routing configuration now live (0 before the first)",
             metrics.config_generation.clone(),
+        );
+        r.register(
+            "switchyard_http_requests",
+            "Requests the HTTP ingress answered, by status code",
+            metrics.http_requests.clone(),
+        );
+        r.register(
+            "switchyard_http_request_seconds",
+            "Time from a request's headers to its answer, per answered request of the HTTP ingress",
+            metrics.http_seconds.clone(),
         );
         metrics
     }

@@ -22,6 +22,7 @@
 //! while switchyard goes on retrying; each condition they report is logged
 //! here in switchyard's words.
 
+mod http;
 mod metrics;
 mod sessions;
 
@@ -120,6 +121,8 @@ pub struct StartupSummary<'a> {
     pub admin: String,
     /// `off`, or `on` with every `[sessions]` setting.
     pub sessions: String,
+    /// `off`, or where the HTTP ingress listens and its limits.
+    pub http: String,
 }
 
 impl Telemetry {
@@ -173,6 +176,7 @@ impl Telemetry {
             dead_letter = summary.dead_letter.as_str(),
             admin = summary.admin.as_str(),
             sessions = summary.sessions.as_str(),
+            http = summary.http.as_str(),
             "starting"
         );
     }

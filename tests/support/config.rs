@@ -331,6 +331,7 @@ pub struct Forwarder {
     branches: Vec<Branch>,
     sessions: Option<Keys>,
     admin: Option<Keys>,
+    http: Option<Keys>,
 }
 
 impl Forwarder {
@@ -369,6 +370,7 @@ impl Forwarder {
             branches: Vec::new(),
             sessions: None,
             admin: None,
+            http: None,
         }
     }
 
@@ -463,6 +465,20 @@ impl Forwarder {
         self
     }
 
+    /// `[ingress.http]` with `keys` set; `listen` defaults to a loopback
+    /// port that tests replace with a listener of their own.
+    pub fn http(mut self, keys: &[(&str, Value)]) -> Self {
+        let mut table = self.http.take().unwrap_or_default();
+        if !table.has("listen") {
+            table.set("listen", "127.0.0.1:0");
+        }
+        for (k, v) in keys {
+            table.set(k, v.clone());
+        }
+        self.http = Some(table);
+        self
+    }
+
     /// The seed scenario's shape: branches "service" and "logging" over
     /// every message, each with a one-endpoint backup list; queues
     /// `<p>.service`, `<p>.service.backup`, `<p>.logging`,
@@ -553,7 +569,11 @@ impl Forwarder {
             out.push_str("\n[[filter_table]]\n");
             branch.keys.write(&mut out);
         }
-        for (title, table) in [("sessions", &self.sessions), ("admin", &self.admin)] {
+        for (title, table) in [
+            ("sessions", &self.sessions),
+            ("admin", &self.admin),
+            ("ingress.http", &self.http),
+        ] {
             if let Some(table) = table {
                 let _ = writeln!(out, "\n[{title}]");
                 table.write(&mut out);

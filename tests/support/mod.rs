@@ -20,6 +20,7 @@ pub mod cluster;
 pub mod config;
 pub mod harness;
 pub mod http;
+pub mod ingress;
 pub mod node;
 pub mod polling;
 pub mod procfs;

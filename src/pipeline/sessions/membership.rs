@@ -44,7 +44,7 @@ pub(crate) fn oversized_id(envelope: &Envelope, config: &config::Sessions) -> Op
 
 /// Whether the message ends its session: its end header is the boolean
 /// true or the text "true" in any case.
-pub(super) fn is_end(envelope: &Envelope, config: &config::Sessions) -> bool {
+pub(crate) fn is_end(envelope: &Envelope, config: &config::Sessions) -> bool {
     match envelope.header(&config.end_header) {
         Some(AmqpValue::Boolean(end)) => *end,
         Some(value) => value_text(value).is_some_and(|t| t.eq_ignore_ascii_case("true")),

@@ -29,5 +29,5 @@ mod task;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use membership::{Arrival, oversized_id};
+pub(crate) use membership::{Arrival, is_end, oversized_id, session_id};
 pub(crate) use registry::Sessions;

@@ -1,0 +1,231 @@
+//! Answers: what happened to a request, as a status and a JSON body with
+//! the message id, the branches delivered and failed, and the reason.
+//!
+//! | status | when |
+//! | --- | --- |
+//! | 202 | every branch confirmed |
+//! | 200 | a retry of a key whose branches were all confirmed: the first answer |
+//! | 400, 401, 405, 408, 413, 415 | refused before anything was published |
+//! | 404 | no route (nothing published) |
+//! | 409 | the key was used for another request, or the session is closed |
+//! | 429 | `max_in_flight` reached, or every session slot taken (`Retry-After`) |
+//! | 502 | a branch exhausted its list, or its broker refused the message |
+//! | 503 | a broker blocks publishers, or a branch's whole list is down (`Retry-After`) |
+//! | 504 | the request timed out before every confirm: the outcome is unknown |
+
+use crate::pipeline::intake::NotTaken;
+use crate::pipeline::outcome::{Barred, BranchOutcome, Outcome};
+use hyper::StatusCode;
+use serde_json::json;
+use std::sync::Arc;
+
+/// Seconds a client is asked to wait after a 429.
+pub const RETRY_AFTER_BUSY: u32 = 1;
+/// Seconds a client is asked to wait after a 503.
+pub const RETRY_AFTER_DOWN: u32 = 5;
+
+/// One answer, ready to send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub status: StatusCode,
+    /// `Retry-After`, in seconds.
+    pub retry_after: Option<u32>,
+    /// The JSON body.
+    pub body: Arc<str>,
+    /// Why, one line, for the log.
+    pub reason: String,
+}
+
+impl Answer {
+    fn new(status: StatusCode, reason: String, body: serde_json::Value) -> Self {
+        let retry_after = match status {
+            StatusCode::TOO_MANY_REQUESTS => Some(RETRY_AFTER_BUSY),
+            StatusCode::SERVICE_UNAVAILABLE => Some(RETRY_AFTER_DOWN),
+            _ => None,
+        };
+        Self {
+            status,
+            retry_after,
+            body: body.to_string().into(),
+            reason,
+        }
+    }
+
+    /// A refusal before any message existed (no message id yet).
+    pub fn refused(status: StatusCode, reason: &str) -> Self {
+        Self::new(
+            status,
+            reason.to_owned(),
+            json!({ "outcome": outcome_word(status), "reason": reason }),
+        )
+    }
+
+    /// A message that was not taken: nothing published.
+    pub fn not_taken(message_id: &str, why: &NotTaken) -> Self {
+        let status = match why {
+            NotTaken::Blocked | NotTaken::Starting | NotTaken::Stopping => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            NotTaken::SessionsFull(_) => StatusCode::TOO_MANY_REQUESTS,
+            NotTaken::NoRoute {
+                unparsable_body: true,
+            } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            NotTaken::NoRoute { .. } | NotTaken::Barred(Barred::NoRoute) => StatusCode::NOT_FOUND,
+            NotTaken::Barred(
+                Barred::SessionClosed { .. }
+                | Barred::SessionEnded { .. }
+                | Barred::SessionTimeout { .. },
+            ) => StatusCode::CONFLICT,
+            NotTaken::Barred(Barred::SessionTooLarge { .. }) => StatusCode::PAYLOAD_TOO_LARGE,
+            NotTaken::Barred(_) => StatusCode::BAD_REQUEST,
+        };
+        let reason = why.to_string();
+        Self::new(
+            status,
+            reason.clone(),
+            json!({
+                "message_id": message_id,
+                "outcome": outcome_word(status),
+                "delivered": [],
+                "failed": [],
+                "reason": reason,
+            }),
+        )
+    }
+
+    /// The key names another request.
+    pub fn conflict(message_id: &str) -> Self {
+        let reason = "this Idempotency-Key was used for a request with another routing key or body";
+        Self::new(
+            StatusCode::CONFLICT,
+            reason.to_owned(),
+            json!({ "message_id": message_id, "outcome": "conflict", "reason": reason }),
+        )
+    }
+
+    /// The request timed out before every confirm; `delivered` are known.
+    pub fn timed_out(message_id: &str) -> Self {
+        let reason = "ingress.http.request_timeout_ms passed before every branch was confirmed; \
+                      the outcome is unknown: retry with the same Idempotency-Key";
+        Self::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            reason.to_owned(),
+            json!({
+                "message_id": message_id,
+                "outcome": "timeout",
+                "delivered": [],
+                "failed": [],
+                "reason": reason,
+            }),
+        )
+    }
+
+    /// What `outcome` says, with `earlier` the branches confirmed by
+    /// earlier tries of the same key.
+    pub fn of(message_id: &str, outcome: &Outcome, earlier: &[String]) -> Self {
+        let mut delivered: Vec<String> = earlier.to_vec();
+        let mut failed = Vec::new();
+        let (mut exhausted, mut down, mut abandoned) = (false, false, false);
+        for branch in &outcome.branches {
+            match branch {
+                BranchOutcome::Delivered { branch, .. } => delivered.push(branch.to_string()),
+                BranchOutcome::Failed {
+                    branch,
+                    endpoint,
+                    error,
+                } => {
+                    exhausted = true;
+                    failed.push(failure(branch, endpoint, &error.to_string()));
+                }
+                BranchOutcome::Rejected {
+                    branch,
+                    endpoint,
+                    error,
+                } => {
+                    exhausted = true;
+                    failed.push(failure(branch, endpoint, &error.to_string()));
+                }
+                BranchOutcome::Outage {
+                    branch,
+                    endpoint,
+                    error,
+                } => {
+                    down = true;
+                    failed.push(failure(branch, endpoint, &error.to_string()));
+                }
+                BranchOutcome::Abandoned { branch } => {
+                    abandoned = true;
+                    failed.push(failure(
+                        branch,
+                        "",
+                        "not confirmed before the request timed out",
+                    ));
+                }
+            }
+        }
+        let (status, reason) = if exhausted {
+            (
+                StatusCode::BAD_GATEWAY,
+                "a branch exhausted its endpoint list",
+            )
+        } else if down {
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "every endpoint of a branch is unreachable: retry with the same Idempotency-Key",
+            )
+        } else if abandoned {
+            (
+                StatusCode::GATEWAY_TIMEOUT,
+                "the request timed out before every branch was confirmed: retry with the same \
+                 Idempotency-Key",
+            )
+        } else {
+            (StatusCode::ACCEPTED, "every branch confirmed")
+        };
+        Self::new(
+            status,
+            reason.to_owned(),
+            json!({
+                "message_id": message_id,
+                "outcome": outcome_word(status),
+                "delivered": delivered,
+                "failed": failed,
+                "reason": reason,
+            }),
+        )
+    }
+
+    /// The first answer of a key, given again (status 200).
+    pub fn again(body: Arc<str>) -> Self {
+        Self {
+            status: StatusCode::OK,
+            retry_after: None,
+            body,
+            reason: "a retry of a request whose every branch was confirmed".to_owned(),
+        }
+    }
+}
+
+fn failure(branch: &str, endpoint: &str, error: &str) -> serde_json::Value {
+    json!({ "branch": branch, "endpoint": endpoint, "error": error })
+}
+
+/// The `outcome` word of a status.
+fn outcome_word(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        200 | 202 => "accepted",
+        400 => "bad-request",
+        401 => "unauthorized",
+        404 => "no-route",
+        405 => "method-not-allowed",
+        408 => "request-timeout",
+        409 => "conflict",
+        413 => "too-large",
+        415 => "unparsable-body",
+        429 => "busy",
+        502 => "failed",
+        503 => "unavailable",
+        504 => "timeout",
+        _ => "error",
+    }
+}

@@ -1,0 +1,298 @@
+//! An HTTP request read into a message: the path's routing key, the bearer
+//! token, the body within its limits, and the properties and headers the
+//! message is made of. Anything wrong is a [`Refused`] with its status;
+//! nothing is published for it.
+
+use crate::amqp::{AmqpValue, FieldTable, Properties, ShortString};
+use crate::config::HttpIngress;
+use crate::envelope::Envelope;
+use crate::wire;
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HeaderMap};
+use hyper::{Method, Request, StatusCode};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The path prefix of the one route.
+pub const MESSAGES: &str = "/messages/";
+/// The request header that names a message for retries.
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+/// The request header copied into `correlation_id`.
+pub const CORRELATION_ID: &str = "x-correlation-id";
+/// The method and the path of the request, as the forwarder's annotations.
+pub const HTTP_METHOD: &str = "x-switchyard-http-method";
+pub const HTTP_PATH: &str = "x-switchyard-http-path";
+
+/// The longest text an AMQP short string (message_id, routing key,
+/// content_type, correlation_id) holds.
+const SHORT_MAX: usize = 255;
+
+/// A request refused before anything was published.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    /// The answer's status.
+    pub status: StatusCode,
+    /// Why, one line.
+    pub reason: String,
+}
+
+impl Refused {
+    fn new(status: StatusCode, reason: impl Into<String>) -> Self {
+        Self {
+            status,
+            reason: reason.into(),
+        }
+    }
+
+    fn bad(reason: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, reason)
+    }
+}
+
+/// The routing key `POST|PUT /messages/{routing_key}` names, percent-decoded.
+pub fn routing_key(method: &Method, path: &str) -> Result<String, Refused> {
+    let Some(key) = path.strip_prefix(MESSAGES) else {
+        return Err(Refused::new(
+            StatusCode::NOT_FOUND,
+            "no such path: send POST /messages/{routing_key}",
+        ));
+    };
+    if method != Method::POST && method != Method::PUT {
+        return Err(Refused::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "use POST or PUT on /messages/{routing_key}",
+        ));
+    }
+    let key = percent_decode(key)
+        .ok_or_else(|| Refused::bad("the routing key in the path is not percent-encoded UTF-8"))?;
+    if key.is_empty() || key.len() > SHORT_MAX {
+        return Err(Refused::bad(format!(
+            "the routing key must be 1 to {SHORT_MAX} bytes, not {}",
+            key.len()
+        )));
+    }
+    Ok(key)
+}
+
+fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// `Ok` when no tokens are configured or the request carries one of them
+/// as `Authorization: Bearer <token>`.
+pub fn authorize(headers: &HeaderMap, tokens: &[String]) -> Result<(), Refused> {
+    if tokens.is_empty() {
+        return Ok(());
+    }
+    let given = headers
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim);
+    let Some(given) = given else {
+        return Err(Refused::new(
+            StatusCode::UNAUTHORIZED,
+            "missing bearer token: send Authorization: Bearer <token>",
+        ));
+    };
+    // Every token compared in full, so the time taken says nothing of which
+    // prefix matched.
+    let matched = tokens.iter().fold(false, |any, t| {
+        any | same_bytes(t.as_bytes(), given.as_bytes())
+    });
+    if matched {
+        Ok(())
+    } else {
+        Err(Refused::new(StatusCode::UNAUTHORIZED, "wrong bearer token"))
+    }
+}
+
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for (i, x) in a.iter().enumerate() {
+        diff |= usize::from(x ^ b.get(i).copied().unwrap_or(!x));
+    }
+    diff == 0
+}
+
+/// A `Content-Length` over the limit is refused before the body is read.
+pub fn check_length(headers: &HeaderMap, max: u64) -> Result<(), Refused> {
+    let length = headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    match length {
+        Some(length) if length > max => Err(too_large(max)),
+        _ => Ok(()),
+    }
+}
+
+fn too_large(max: u64) -> Refused {
+    Refused::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("the body is over ingress.http.max_body_bytes ({max} bytes)"),
+    )
+}
+
+/// Reads the whole body, at most `max` bytes, within `within`.
+pub async fn read_body(body: Incoming, max: u64, within: Duration) -> Result<Vec<u8>, Refused> {
+    let limit = usize::try_from(max).unwrap_or(usize::MAX);
+    let collected = tokio::time::timeout(within, Limited::new(body, limit).collect()).await;
+    match collected {
+        Err(_) => Err(Refused::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "the body did not arrive within ingress.http.request_timeout_ms",
+        )),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large(max)),
+        Ok(Err(e)) => Err(Refused::bad(format!("the body could not be read: {e}"))),
+        Ok(Ok(collected)) => Ok(collected.to_bytes().to_vec()),
+    }
+}
+
+/// The message a request makes, as docs/http-ingress.md documents it: the
+/// body byte for byte, `Idempotency-Key` (or a new UUID) as `message_id`,
+/// `Content-Type`, `X-Correlation-Id`, persistent, stamped now, the
+/// `forward_headers` and session headers present, and the method and path
+/// as the forwarder's annotations.
+pub fn envelope(
+    request: &Request<()>,
+    routing_key: String,
+    body: Vec<u8>,
+    config: &HttpIngress,
+    session_headers: &[&str],
+) -> Result<Envelope, Refused> {
+    let headers = request.headers();
+    let short = |name: &str| -> Result<Option<ShortString>, Refused> {
+        let Some(value) = headers.get(name) else {
+            return Ok(None);
+        };
+        let text = value
+            .to_str()
+            .map_err(|_| Refused::bad(format!("{name} is not visible ASCII")))?;
+        if text.is_empty() || text.len() > SHORT_MAX {
+            return Err(Refused::bad(format!(
+                "{name} must be 1 to {SHORT_MAX} characters, not {}",
+                text.len()
+            )));
+        }
+        Ok(Some(text.into()))
+    };
+    let message_id = match short(IDEMPOTENCY_KEY)? {
+        Some(key) => key,
+        None => uuid::Uuid::new_v4().to_string().into(),
+    };
+    let mut table = FieldTable::default();
+    for name in config
+        .forward_headers
+        .iter()
+        .map(String::as_str)
+        .chain(session_headers.iter().copied())
+    {
+        if let Some(value) = headers.get(name) {
+            table.insert(
+                name.into(),
+                AmqpValue::LongString(value.as_bytes().to_vec().into()),
+            );
+        }
+    }
+    table.insert(
+        HTTP_METHOD.into(),
+        AmqpValue::LongString(request.method().as_str().into()),
+    );
+    table.insert(
+        HTTP_PATH.into(),
+        AmqpValue::LongString(request.uri().path().into()),
+    );
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mut properties = Properties::default()
+        .with_message_id(message_id)
+        .with_delivery_mode(2)
+        .with_timestamp(now)
+        .with_headers(table);
+    if let Some(content_type) = short(CONTENT_TYPE.as_str())? {
+        properties = properties.with_content_type(content_type);
+    }
+    if let Some(correlation_id) = short(CORRELATION_ID)? {
+        properties = properties.with_correlation_id(correlation_id);
+    }
+    Ok(Envelope {
+        delivery_tag: 0,
+        exchange: String::new(),
+        routing_key,
+        redelivered: false,
+        properties,
+        body,
+        annotations: wire::Annotations::default(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_path_names_the_routing_key() {
+        let post = Method::POST;
+        assert_eq!(
+            routing_key(&post, "/messages/orders.eu"),
+            Ok("orders.eu".to_owned())
+        );
+        assert_eq!(
+            routing_key(&Method::PUT, "/messages/a%2Fb%20c"),
+            Ok("a/b c".to_owned())
+        );
+        let status = |m: &Method, p: &str| routing_key(m, p).map_err(|r| r.status);
+        assert_eq!(status(&post, "/other"), Err(StatusCode::NOT_FOUND));
+        assert_eq!(
+            status(&Method::GET, "/messages/x"),
+            Err(StatusCode::METHOD_NOT_ALLOWED)
+        );
+        assert_eq!(status(&post, "/messages/"), Err(StatusCode::BAD_REQUEST));
+        assert_eq!(status(&post, "/messages/%zz"), Err(StatusCode::BAD_REQUEST));
+        assert_eq!(status(&post, "/messages/%ff"), Err(StatusCode::BAD_REQUEST));
+        let long = format!("/messages/{}", "k".repeat(256));
+        assert_eq!(status(&post, &long), Err(StatusCode::BAD_REQUEST));
+    }
+
+    #[test]
+    fn a_token_is_required_only_when_some_are_set() {
+        let mut headers = HeaderMap::new();
+        assert!(authorize(&headers, &[]).is_ok());
+        let tokens = ["s3cret".to_owned(), "other".to_owned()];
+        assert_eq!(
+            authorize(&headers, &tokens).map_err(|r| r.status),
+            Err(StatusCode::UNAUTHORIZED)
+        );
+        for (value, ok) in [
+            ("Bearer s3cret", true),
+            ("Bearer other", true),
+            ("Bearer s3cre", false),
+            ("Bearer s3cretx", false),
+            ("Basic s3cret", false),
+        ] {
+            headers.insert(
+                AUTHORIZATION,
+                value.parse().unwrap_or_else(|e| panic!("{e}")),
+            );
+            assert_eq!(authorize(&headers, &tokens).is_ok(), ok, "{value}");
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! The ingress listener: HTTP/1.1 with keep-alive, over TLS when
+//! `cert_file` and `key_file` are set. At most `max_connections` are served
+//! at once (more wait in the listen backlog); a client must send each
+//! request's headers within `header_timeout_ms` (an idle keep-alive
+//! connection is closed after as long) and they must fit in
+//! [`MAX_HEADER_BYTES`]. It stops accepting when its stop token is
+//! cancelled and gives open connections a moment to finish.
+
+use super::Ingress;
+use super::answer::Answer;
+use crate::config::{ClientIdentity, HttpIngress};
+pub use crate::listen::ListenError;
+use crate::telemetry::Telemetry;
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// The most a request's head (request line and headers) may take.
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+/// How long open connections get to finish once the listener stops.
+const DRAIN: Duration = Duration::from_secs(2);
+
+/// A bound listener, not serving yet.
+pub struct Listener {
+    listener: TcpListener,
+    addr: SocketAddr,
+    tls: Option<TlsAcceptor>,
+}
+
+impl Listener {
+    /// Binds `config.listen` (or takes `given`, bound by the caller) and
+    /// prepares TLS.
+    pub async fn bind(
+        config: &HttpIngress,
+        given: Option<std::net::TcpListener>,
+    ) -> Result<Self, ListenError> {
+        let error = |addr: String| {
+            move |source| ListenError::Bind {
+                addr: addr.clone(),
+                source,
+            }
+        };
+        let listener = match given {
+            Some(listener) => {
+                let e = error("(given listener)".to_owned());
+                listener.set_nonblocking(true).map_err(&e)?;
+                TcpListener::from_std(listener).map_err(e)?
+            }
+            None => TcpListener::bind(config.listen)
+                .await
+                .map_err(error(config.listen.to_string()))?,
+        };
+        let addr = listener
+            .local_addr()
+            .map_err(error(config.listen.to_string()))?;
+        let tls = config.tls.as_ref().map(acceptor).transpose()?;
+        Ok(Self {
+            listener,
+            addr,
+            tls,
+        })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Serves `ingress` until `stop` is cancelled.
+    pub async fn serve(self, ingress: Arc<Ingress>, stop: CancellationToken) {
+        let telemetry = ingress.telemetry.clone();
+        telemetry.http_listening(self.addr, self.tls.is_some());
+        let config = &ingress.config;
+        let connections = TaskTracker::new();
+        let slots = Arc::new(tokio::sync::Semaphore::new(config.max_connections));
+        loop {
+            let slot = tokio::select! {
+                () = stop.cancelled() => break,
+                slot = slots.clone().acquire_owned() => match slot {
+                    Ok(slot) => slot,
+                    Err(_) => break,
+                },
+            };
+            let accepted = tokio::select! {
+                () = stop.cancelled() => break,
+                accepted = self.listener.accept() => accepted,
+            };
+            let stream = match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    telemetry.http_accept_failed(&e);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let (ingress, stop, tls) = (ingress.clone(), stop.clone(), self.tls.clone());
+            connections.spawn(async move {
+                let _slot = slot;
+                let header_timeout = ingress.config.header_timeout;
+                match tls {
+                    None => serve_connection(stream, ingress, stop).await,
+                    Some(tls) => {
+                        // The handshake is bounded like the headers it precedes.
+                        match tokio::time::timeout(header_timeout, tls.accept(stream)).await {
+                            Ok(Ok(stream)) => serve_connection(stream, ingress, stop).await,
+                            Ok(Err(e)) => ingress.telemetry.http_connection_failed(&e),
+                            Err(_) => ingress
+                                .telemetry
+                                .http_connection_failed(&"TLS handshake timed out"),
+                        }
+                    }
+                }
+            });
+        }
+        connections.close();
+        let _ = tokio::time::timeout(DRAIN * 2, connections.wait()).await;
+    }
+}
+
+/// Serves one connection's requests until it closes or `stop`.
+async fn serve_connection<S>(stream: S, ingress: Arc<Ingress>, stop: CancellationToken)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let telemetry: Telemetry = ingress.telemetry.clone();
+    let header_timeout = ingress.config.header_timeout;
+    let service = service_fn(move |request| {
+        let ingress = ingress.clone();
+        async move { Ok::<_, Infallible>(response(ingress.handle(request).await)) }
+    });
+    let connection = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        .max_buf_size(MAX_HEADER_BYTES)
+        .serve_connection(TokioIo::new(stream), service);
+    let mut connection = std::pin::pin!(connection);
+    let result = tokio::select! {
+        result = connection.as_mut() => result,
+        () = stop.cancelled() => {
+            connection.as_mut().graceful_shutdown();
+            tokio::time::timeout(DRAIN, connection).await.unwrap_or(Ok(()))
+        }
+    };
+    if let Err(e) = result {
+        telemetry.http_connection_failed(&e);
+    }
+}
+
+/// An answer as an HTTP response.
+fn response(answer: Answer) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(answer.body.to_string())));
+    *response.status_mut() = answer.status;
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if let Some(seconds) = answer.retry_after {
+        headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
+    }
+    if answer.status == StatusCode::UNAUTHORIZED {
+        headers.insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
+    response
+}
+
+/// A TLS acceptor for `identity` (HTTP/1.1 only).
+fn acceptor(identity: &ClientIdentity) -> Result<TlsAcceptor, ListenError> {
+    let tls = |e: &dyn std::fmt::Display| ListenError::Tls(e.to_string());
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&identity.cert_pem)
+        .collect::<Result<_, _>>()
+        .map_err(|e| tls(&e))?;
+    let key = PrivateKeyDer::from_pem_slice(identity.secret_key_pem()).map_err(|e| tls(&e))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| tls(&e))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| tls(&e))?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
