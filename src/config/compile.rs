@@ -2,6 +2,7 @@
 
 use super::Compiled;
 use super::error::InvalidKey;
+use super::ingress::listen_address;
 use super::raw::{
     RawBroker, RawConfig, RawEndpoint, RawFilter, RawFilterEntry, RawSessions, RawXPathFilter,
     ScalarValue,
@@ -179,7 +180,7 @@ pub fn compile(raw: &RawConfig) -> Result<Settings> {
     let sessions = compile_sessions(&raw.sessions, prefetch)?;
     let admin_listen = match &raw.admin.listen {
         None => None,
-        Some(addr) => Some(admin_address(addr).ok_or_else(|| {
+        Some(addr) => Some(listen_address(addr).ok_or_else(|| {
             InvalidKey::new(
                 "admin.listen",
                 format!("\"{addr}\" is not a host:port address (or a port, for loopback)"),
@@ -277,16 +278,6 @@ fn compile_sessions(raw: &RawSessions, prefetch: u16) -> Result<Option<Sessions>
         max_open: raw.max_open,
         closed_ttl: Duration::from_millis(raw.closed_ttl_ms),
     }))
-}
-
-/// `host:port`, or a bare port (`9090`, `:9090`) on the loopback address:
-/// the admin endpoint is not exposed unless a host says so.
-pub(super) fn admin_address(text: &str) -> Option<std::net::SocketAddr> {
-    let port = text.strip_prefix(':').unwrap_or(text);
-    match port.parse::<u16>() {
-        Ok(port) => Some(std::net::SocketAddr::from(([127, 0, 0, 1], port))),
-        Err(_) => text.parse().ok(),
-    }
 }
 
 fn compile_brokers(raw: &RawConfig) -> Result<BTreeMap<String, Arc<BrokerSpec>>> {

@@ -1,6 +1,5 @@
 //! `[ingress.http]` compiled: an address, limits, tokens, TLS material.
 
-use super::compile::admin_address;
 use super::error::InvalidKey;
 use super::raw::RawHttpIngress;
 use super::{HttpIngress, IdentityError, read_client_identity};
@@ -19,7 +18,7 @@ const NEVER_FORWARDED: [&str; 6] = [
 
 pub(super) fn compile_http(raw: &RawHttpIngress, prefetch: u16) -> Result<HttpIngress, InvalidKey> {
     let key = |k: &str| format!("ingress.http.{k}");
-    let listen = admin_address(&raw.listen).ok_or_else(|| {
+    let listen = listen_address(&raw.listen).ok_or_else(|| {
         InvalidKey::new(
             key("listen"),
             format!(
@@ -108,4 +107,14 @@ pub(super) fn compile_http(raw: &RawHttpIngress, prefetch: u16) -> Result<HttpIn
         header_timeout: Duration::from_millis(raw.header_timeout_ms),
         tls,
     })
+}
+
+/// `host:port`, or a bare port (`9090`, `:9090`) on the loopback address:
+/// a listener (admin or ingress) is not exposed unless a host says so.
+pub(super) fn listen_address(text: &str) -> Option<std::net::SocketAddr> {
+    let port = text.strip_prefix(':').unwrap_or(text);
+    match port.parse::<u16>() {
+        Ok(port) => Some(std::net::SocketAddr::from(([127, 0, 0, 1], port))),
+        Err(_) => text.parse().ok(),
+    }
 }
