@@ -5,7 +5,7 @@
 //! | --- | --- |
 //! | 202 | every branch confirmed |
 //! | 200 | a retry of a key whose branches were all confirmed: the first answer |
-//! | 400, 401, 405, 408, 413, 415 | refused before anything was published |
+//! | 400, 401, 405, 408, 413, 415, 431 | refused before anything was published |
 //! | 404 | no route (nothing published) |
 //! | 409 | the key was used for another request, or the session is closed |
 //! | 429 | `max_in_flight` reached, or every session slot taken (`Retry-After`) |
@@ -222,6 +222,7 @@ fn outcome_word(status: StatusCode) -> &'static str {
         409 => "conflict",
         413 => "too-large",
         415 => "unparsable-body",
+        431 => "headers-too-large",
         429 => "busy",
         502 => "failed",
         503 => "unavailable",

@@ -91,7 +91,9 @@ impl Ingress {
         let refused = |r: request::Refused| (Answer::refused(r.status, &r.reason), None);
         let config = &self.config;
         let deadline = started + config.request_timeout;
-        if let Err(r) = request::authorize(request.headers(), &config.tokens) {
+        if let Err(r) = request::check_head(request.headers())
+            .and_then(|()| request::authorize(request.headers(), &config.tokens))
+        {
             return refused(r);
         }
         let routing_key = match request::routing_key(request.method(), request.uri().path()) {

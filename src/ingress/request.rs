@@ -23,6 +23,10 @@ pub const CORRELATION_ID: &str = "x-correlation-id";
 pub const HTTP_METHOD: &str = "x-switchyard-http-method";
 pub const HTTP_PATH: &str = "x-switchyard-http-path";
 
+/// The most a request's headers may take. The server refuses a longer head
+/// while reading it; one that arrived whole in one read is refused here.
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+
 /// The longest text an AMQP short string (message_id, routing key,
 /// content_type, correlation_id) holds.
 const SHORT_MAX: usize = 255;
@@ -129,6 +133,21 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
         diff |= usize::from(x ^ b.get(i).copied().unwrap_or(!x));
     }
     diff == 0
+}
+
+/// Headers over [`MAX_HEADER_BYTES`] in all are refused (431).
+pub fn check_head(headers: &HeaderMap) -> Result<(), Refused> {
+    let bytes: usize = headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum();
+    if bytes > MAX_HEADER_BYTES {
+        return Err(Refused::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            format!("the headers take {bytes} bytes, over the limit of {MAX_HEADER_BYTES}"),
+        ));
+    }
+    Ok(())
 }
 
 /// A `Content-Length` over the limit is refused before the body is read.

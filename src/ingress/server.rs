@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 /// The most a request's head (request line and headers) may take.
-pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+pub use super::request::MAX_HEADER_BYTES;
 /// How long open connections get to finish once the listener stops.
 const DRAIN: Duration = Duration::from_secs(2);
 
@@ -148,6 +148,7 @@ where
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout)
         .max_buf_size(MAX_HEADER_BYTES)
+        .max_header_size(MAX_HEADER_BYTES)
         .serve_connection(TokioIo::new(stream), service);
     let mut connection = std::pin::pin!(connection);
     let result = tokio::select! {

@@ -1,0 +1,131 @@
+//! Sessions over HTTP: each session's requests are delivered in the order
+//! they come, the whole set replayed to the backup when a branch fails over
+//! mid-session, and a closed session refuses late messages.
+
+mod support;
+
+use lapin::types::AMQPValue;
+use support::config::{Branch, Endpoint, Filter, Forwarder, Value};
+use support::harness::{InProcess, wait_consumers};
+use support::ingress::{Client, ingress_listener};
+use support::{TestBroker, amqp_str, delete_all_with_prefix, field_table, unique_prefix};
+use switchyard::Options;
+
+const MESSAGES: usize = 10;
+
+async fn send_session(client: Client, id: &'static str) -> Vec<u16> {
+    let mut statuses = Vec::new();
+    for i in 1..=MESSAGES {
+        let end = if i == MESSAGES { "true" } else { "false" };
+        let body = format!("{id}-{i}");
+        let reply = client
+            .post(
+                "/messages/work",
+                &[("session-id", id), ("session-end", end)],
+                body.as_bytes(),
+            )
+            .await;
+        statuses.push(reply.status);
+    }
+    statuses
+}
+
+/// The bodies of session `id` in `queue`, in queue order.
+fn of_session(messages: &[support::Message], id: &str) -> Vec<String> {
+    messages
+        .iter()
+        .map(|m| m.body_str())
+        .filter(|b| b.starts_with(&format!("{id}-")))
+        .collect()
+}
+
+#[tokio::test]
+async fn sessions_over_http_reach_every_branch_whole_and_in_order() {
+    let p = unique_prefix("http-sessions");
+    let broker = TestBroker::connect(&p).await;
+    // The service primary takes three messages, then refuses (nacks) the rest.
+    broker
+        .declare_queue_with(
+            &format!("{p}.primary"),
+            field_table([
+                ("x-max-length", AMQPValue::LongLongInt(3)),
+                ("x-overflow", amqp_str("reject-publish")),
+            ]),
+        )
+        .await;
+    let config = Forwarder::new(&p)
+        .endpoint(Endpoint::queue("primary", &format!("{p}.primary")).undeclared())
+        .endpoint(Endpoint::queue("backup", &format!("{p}.backup")))
+        .endpoint(Endpoint::queue("logging", &format!("{p}.logging")))
+        .backup_list("backups", &["backup"])
+        .filter("all", Filter::match_all())
+        .branch(Branch::new("service", "all", "primary").backups("backups"))
+        .branch(Branch::new("logging", "all", "logging"))
+        .sessions(&[
+            ("max_open", Value::from(4u32)),
+            ("max_messages", Value::from(20u32)),
+        ])
+        .http(&[]);
+    let (listener, addr) = ingress_listener();
+    let options = Options {
+        http: Some(listener),
+        ..Options::default()
+    };
+    let running = InProcess::start_with(&config.toml(), options);
+    wait_consumers(&broker, &format!("{p}.in"), 1).await;
+    let client = Client::new(addr);
+
+    let a = tokio::spawn(send_session(client.clone(), "A"));
+    let b = tokio::spawn(send_session(client.clone(), "B"));
+    for (id, statuses) in [("A", a.await), ("B", b.await)] {
+        let statuses = statuses.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(statuses, vec![202; MESSAGES], "session {id}");
+    }
+    let late = client
+        .post("/messages/work", &[("session-id", "A")], b"A-11")
+        .await;
+    assert_eq!(late.status, 409, "{}", late.text);
+    assert!(
+        late.json["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("session \"A\"")),
+        "{}",
+        late.text
+    );
+
+    let primary = broker.get_all(&format!("{p}.primary")).await;
+    let backup = broker.get_all(&format!("{p}.backup")).await;
+    let logging = broker.get_all(&format!("{p}.logging")).await;
+    assert_eq!(primary.len(), 3, "the primary took three, then refused");
+    assert!(!backup.is_empty(), "a session failed over");
+    for id in ["A", "B"] {
+        let whole: Vec<String> = (1..=MESSAGES).map(|i| format!("{id}-{i}")).collect();
+        assert_eq!(of_session(&logging, id), whole, "logging, session {id}");
+        let on_primary = of_session(&primary, id);
+        let on_backup = of_session(&backup, id);
+        // The session that failed over replays its whole set to the backup;
+        // one the primary never refused stays there whole.
+        if on_backup.is_empty() {
+            assert_eq!(on_primary, whole, "service, session {id}");
+        } else {
+            assert_eq!(on_backup, whole, "service backup, session {id}");
+            let replays = backup
+                .iter()
+                .filter(|m| m.body_str().starts_with(&format!("{id}-")))
+                .filter(|m| m.header("x-switchyard-replay").is_some())
+                .count();
+            assert_eq!(
+                replays,
+                on_primary.len(),
+                "session {id}: what the primary held is replayed"
+            );
+        }
+    }
+    assert_eq!(
+        broker.queue_len(&format!("{p}.dlq")).await,
+        0,
+        "never dead-lettered"
+    );
+    running.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    delete_all_with_prefix(&p).await;
+}
