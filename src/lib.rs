@@ -193,16 +193,24 @@ fn startup_summary<'a>(
             format!("{name}: {}", list.join(" -> "))
         })
         .collect();
-    let dl = &settings.dead_letter;
+    let inbound = settings.inbound.as_ref();
     telemetry::StartupSummary {
         config_file,
         brokers: brokers.join(", "),
-        inbound: format!("{} on {}", settings.inbound.queue, settings.inbound.broker),
-        prefetch: settings.inbound.prefetch,
+        inbound: inbound.map_or_else(
+            || "none (HTTP ingress only)".to_owned(),
+            |i| format!("{} on {}", i.queue, i.broker),
+        ),
+        prefetch: inbound.map_or(0, |i| i.prefetch),
         branches: branches.join("; "),
-        dead_letter: format!(
-            "{} via exchange \"{}\" key \"{}\"",
-            dl.mode, dl.exchange, dl.routing_key
+        dead_letter: settings.dead_letter.as_ref().map_or_else(
+            || "none".to_owned(),
+            |dl| {
+                format!(
+                    "{} via exchange \"{}\" key \"{}\"",
+                    dl.mode, dl.exchange, dl.routing_key
+                )
+            },
         ),
         admin: admin.map_or_else(|| "disabled".to_owned(), |a| a.to_string()),
         sessions: config::Sessions::summary(settings.sessions.as_ref()),

@@ -109,15 +109,16 @@ fn summary(path: &std::path::Path, settings: &Settings) -> String {
     let admin = settings
         .admin_listen
         .map_or_else(|| "disabled".to_owned(), |a| a.to_string());
+    let queue = match settings.queue() {
+        Some((inbound, dl)) => format!(
+            "inbound: {} on {} (prefetch {})\ndead letters: {} via exchange \"{}\" key \"{}\"",
+            inbound.queue, inbound.broker, inbound.prefetch, dl.mode, dl.exchange, dl.routing_key
+        ),
+        None => "inbound: none (HTTP ingress only)\ndead letters: none".to_owned(),
+    };
     format!(
-        "{}: ok\ninbound: {} on {} (prefetch {})\ndead letters: {} via exchange \"{}\" key \"{}\"\nbrokers: {}\nadmin: {admin}\nsessions: {}\nhttp ingress: {}\nfilter table:\n{}",
+        "{}: ok\n{queue}\nbrokers: {}\nadmin: {admin}\nsessions: {}\nhttp ingress: {}\nfilter table:\n{}",
         path.display(),
-        settings.inbound.queue,
-        settings.inbound.broker,
-        settings.inbound.prefetch,
-        settings.dead_letter.mode,
-        settings.dead_letter.exchange,
-        settings.dead_letter.routing_key,
         brokers.join(", "),
         config::Sessions::summary(settings.sessions.as_ref()),
         config::HttpIngress::summary(settings.http.as_ref()),

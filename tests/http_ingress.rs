@@ -445,3 +445,42 @@ async fn wait_len(broker: &TestBroker, queue: &str, n: u32) {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_forwarder_fed_by_http_alone_consumes_nothing_and_serves_requests() {
+    let p = unique_prefix("http-alone");
+    let broker = TestBroker::connect(&p).await;
+    let config = Forwarder::new(&p).without_queue().seed(&p).http(&[]);
+    let toml = config.toml();
+    assert!(
+        !toml.contains("[inbound]") && !toml.contains("[dead_letter]"),
+        "{toml}"
+    );
+    let (listener, addr) = ingress_listener();
+    let admin = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+    let admin_addr = admin.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    let options = Options {
+        http: Some(listener),
+        admin: Some(admin),
+        ..Options::default()
+    };
+    let running = InProcess::start_with(&toml, options);
+    support::wait_for("ready", DEFAULT_TIMEOUT, || async {
+        let reply = support::http_get(admin_addr, "/readyz").await.ok()?;
+        (reply.status == 200).then_some(())
+    })
+    .await;
+    let reply = Client::new(addr).post("/messages/k", &[], b"alone").await;
+    assert_eq!(reply.status, 202, "{}", reply.text);
+    assert_eq!(reply.names("delivered"), ["logging", "service"]);
+    assert_eq!(
+        queue_bodies(&broker, &format!("{p}.service")).await,
+        [b"alone".to_vec()]
+    );
+    assert!(
+        !broker.queue_exists(&format!("{p}.in")).await,
+        "no inbound queue is declared"
+    );
+    running.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    delete_all_with_prefix(&p).await;
+}

@@ -12,7 +12,7 @@ use super::closing::close_channel;
 use super::connector::{ConnectError, Connector};
 use super::error::{BrokerError, code};
 use crate::amqp::FieldTable;
-use crate::config::Settings;
+use crate::config::Inbound;
 use crate::destination::QueueType;
 use crate::envelope::Envelope;
 use crate::wire::{Annotations, Reading, Trust};
@@ -198,17 +198,18 @@ impl Drop for Receipt {
 /// manual acks.
 pub async fn open_inbound(
     connector: &Connector,
-    settings: &Settings,
+    name: &str,
+    inbound: &Inbound,
 ) -> Result<InboundChannel, ConsumeError> {
     let channel = connector.channel(false, OPEN_TIMEOUT).await?;
-    let consumer_tag = format!("{}-{}", settings.name, uuid::Uuid::new_v4().simple());
+    let consumer_tag = format!("{name}-{}", uuid::Uuid::new_v4().simple());
     let start = async {
         channel
-            .basic_qos(settings.inbound.prefetch, BasicQosOptions { global: false })
+            .basic_qos(inbound.prefetch, BasicQosOptions { global: false })
             .await?;
         channel
             .basic_consume(
-                settings.inbound.queue.as_str().into(),
+                inbound.queue.as_str().into(),
                 consumer_tag.as_str().into(),
                 BasicConsumeOptions::default(),
                 FieldTable::default(),
@@ -219,13 +220,13 @@ pub async fn open_inbound(
         Ok(Ok(consumer)) => consumer,
         Ok(Err(e)) => {
             return Err(ConsumeError::Consume {
-                queue: settings.inbound.queue.clone(),
+                queue: inbound.queue.clone(),
                 error: BrokerError::from_lapin(&e),
             });
         }
         Err(_) => {
             return Err(ConsumeError::Unanswered {
-                queue: settings.inbound.queue.clone(),
+                queue: inbound.queue.clone(),
             });
         }
     };
@@ -238,15 +239,15 @@ pub async fn open_inbound(
         consumer_tag,
         settle,
         settler,
-        reading: reading(settings),
+        reading: reading(inbound),
     })
 }
 
-/// How deliveries of the inbound queue of `settings` are read.
-pub fn reading(settings: &Settings) -> Reading {
+/// How deliveries of the `inbound` queue are read.
+pub fn reading(inbound: &Inbound) -> Reading {
     Reading {
-        trust: Trust::new(settings.inbound.trusted_users.clone()),
-        quorum: settings.inbound.queue_type == QueueType::Quorum,
+        trust: Trust::new(inbound.trusted_users.clone()),
+        quorum: inbound.queue_type == QueueType::Quorum,
     }
 }
 

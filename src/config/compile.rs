@@ -4,8 +4,8 @@ use super::Compiled;
 use super::error::InvalidKey;
 use super::ingress::listen_address;
 use super::raw::{
-    RawBroker, RawConfig, RawEndpoint, RawFilter, RawFilterEntry, RawSessions, RawXPathFilter,
-    ScalarValue,
+    RawBroker, RawConfig, RawDeadLetter, RawEndpoint, RawFilter, RawFilterEntry, RawInbound,
+    RawSessions, RawXPathFilter, ScalarValue,
 };
 use super::{BrokerSpec, Inbound, Sessions, Settings, Tls};
 use crate::config::{IdentityError, read_ca_file, read_client_identity};
@@ -39,46 +39,35 @@ pub fn compile(raw: &RawConfig) -> Result<Settings> {
         }
     };
 
-    known_broker("inbound.broker", &raw.inbound.broker)?;
-    if raw.inbound.queue.is_empty() {
-        return Err(InvalidKey::new("inbound.queue", "must not be empty"));
-    }
-    let prefetch = u16::try_from(raw.inbound.prefetch)
-        .ok()
-        .filter(|p| *p > 0)
-        .ok_or_else(|| InvalidKey::new("inbound.prefetch", "must be between 1 and 65535"))?;
-
-    let inbound_queue_type = queue_type("inbound.queue_type", &raw.inbound.queue_type)?;
-    if raw.inbound.max_redeliveries == 0 {
-        return Err(InvalidKey::new(
-            "inbound.max_redeliveries",
-            "must be at least 1",
-        ));
-    }
-    if raw.inbound.max_hops == 0 {
-        return Err(InvalidKey::new("inbound.max_hops", "must be at least 1"));
-    }
-    // The forwarder's own user is always trusted: whoever holds its
-    // credentials can consume and publish as the forwarder anyway.
-    let mut trusted_users = raw.inbound.trusted_users.clone().unwrap_or_default();
-    if let Some(i) = trusted_users.iter().position(String::is_empty) {
-        return Err(InvalidKey::new(
-            format!("inbound.trusted_users[{i}]"),
-            "must not be empty; name a RabbitMQ user",
-        ));
-    }
-    let own = brokers.get(&raw.inbound.broker).and_then(|b| b.user());
-    if let Some(own) = own.filter(|own| !trusted_users.contains(own)) {
-        trusted_users.insert(0, own);
-    }
-
-    let dead_letter = compile_dead_letter(raw)?;
-    if raw.inbound.dead_letter_by_policy && dead_letter.mode != DeadLetterMode::Nack {
-        return Err(InvalidKey::new(
-            "inbound.dead_letter_by_policy",
-            "applies only to dead_letter.mode = \"nack\"; remove it",
-        ));
-    }
+    let queue = match (&raw.inbound, &raw.dead_letter) {
+        (Some(inbound), Some(dead_letter)) => Some(compile_queue(
+            inbound,
+            dead_letter,
+            &brokers,
+            &known_broker,
+        )?),
+        (Some(_), None) => {
+            return Err(InvalidKey::new(
+                "dead_letter",
+                "missing; add a [dead_letter] table (where messages go when they cannot be \
+                 forwarded)",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(InvalidKey::new(
+                "dead_letter",
+                "applies only with [inbound]; remove it, or add the [inbound] queue to consume",
+            ));
+        }
+        (None, None) if raw.ingress.http.is_none() => {
+            return Err(InvalidKey::new(
+                "inbound",
+                "missing; add an [inbound] queue to consume, an [ingress.http] listener, or both",
+            ));
+        }
+        (None, None) => None,
+    };
+    let prefetch = queue.as_ref().map(|(inbound, _)| inbound.prefetch);
 
     let mut endpoints = BTreeMap::new();
     for (name, e) in &raw.endpoints {
@@ -189,7 +178,10 @@ pub fn compile(raw: &RawConfig) -> Result<Settings> {
     };
 
     let http = match &raw.ingress.http {
-        Some(http) => Some(super::ingress::compile_http(http, prefetch)?),
+        Some(http) => Some(super::ingress::compile_http(
+            http,
+            prefetch.unwrap_or(1000),
+        )?),
         None => None,
     };
 
@@ -197,19 +189,8 @@ pub fn compile(raw: &RawConfig) -> Result<Settings> {
         name: raw.name.clone(),
         shutdown_timeout: Duration::from_millis(raw.shutdown_timeout_ms),
         worker_threads: (raw.worker_threads > 0).then_some(usize::from(raw.worker_threads)),
-        inbound: Inbound {
-            broker: raw.inbound.broker.clone(),
-            queue: raw.inbound.queue.clone(),
-            prefetch,
-            declare: raw.inbound.declare,
-            single_active_consumer: raw.inbound.single_active_consumer,
-            queue_type: inbound_queue_type,
-            max_redeliveries: raw.inbound.max_redeliveries,
-            max_hops: raw.inbound.max_hops,
-            dead_letter_by_policy: raw.inbound.dead_letter_by_policy,
-            trusted_users,
-        },
-        dead_letter,
+        inbound: queue.as_ref().map(|(inbound, _)| inbound.clone()),
+        dead_letter: queue.map(|(_, dead_letter)| dead_letter),
         brokers,
         endpoints,
         routing: Arc::new(RoutingTable::new(branches)),
@@ -223,7 +204,7 @@ pub fn compile(raw: &RawConfig) -> Result<Settings> {
 /// `[sessions]`: `None` when disabled. Open sessions hold their messages'
 /// prefetch slots until they end, so they must never be able to hold all of
 /// them: something else has to be able to arrive (their next message).
-fn compile_sessions(raw: &RawSessions, prefetch: u16) -> Result<Option<Sessions>> {
+fn compile_sessions(raw: &RawSessions, prefetch: Option<u16>) -> Result<Option<Sessions>> {
     if !raw.enabled {
         return Ok(None);
     }
@@ -258,7 +239,7 @@ fn compile_sessions(raw: &RawSessions, prefetch: u16) -> Result<Option<Sessions>
         }
     }
     let held = u64::from(raw.max_open) * u64::from(raw.max_messages);
-    if held >= u64::from(prefetch) {
+    if let Some(prefetch) = prefetch.filter(|p| held >= u64::from(*p)) {
         return Err(InvalidKey::new(
             "sessions.max_open",
             format!(
@@ -405,8 +386,7 @@ fn compile_tls(name: &str, b: &RawBroker, amqps: bool) -> Result<Tls> {
     Ok(Tls { ca_pem, client })
 }
 
-fn compile_dead_letter(raw: &RawConfig) -> Result<DeadLetter> {
-    let d = &raw.dead_letter;
+fn compile_dead_letter(d: &RawDeadLetter, inbound_queue: &str) -> Result<DeadLetter> {
     let mode = match d.mode.as_str() {
         "nack" => DeadLetterMode::Nack,
         "republish" => DeadLetterMode::Republish,
@@ -435,7 +415,6 @@ fn compile_dead_letter(raw: &RawConfig) -> Result<DeadLetter> {
             "cannot be bound to the default exchange; name a dead_letter.exchange",
         ));
     }
-    let inbound_queue = raw.inbound.queue.as_str();
     if d.exchange.is_empty() && d.routing_key == inbound_queue {
         return Err(InvalidKey::new(
             "dead_letter.routing_key",
@@ -485,7 +464,9 @@ fn check_endpoint_loop(
     raw: &RawConfig,
     brokers: &BTreeMap<String, Arc<BrokerSpec>>,
 ) -> Result<()> {
-    let inbound = &raw.inbound;
+    let Some(inbound) = &raw.inbound else {
+        return Ok(());
+    };
     let broker = if e.broker == inbound.broker {
         format!("broker \"{}\", the inbound's broker", e.broker)
     } else {
@@ -890,4 +871,67 @@ fn names<V>(map: &BTreeMap<String, V>) -> String {
 
 fn first_line(text: &str) -> String {
     text.lines().last().unwrap_or(text).trim().to_owned()
+}
+
+/// `[inbound]` and `[dead_letter]`: the queue side of the forwarder.
+fn compile_queue(
+    raw: &RawInbound,
+    dead_letter: &RawDeadLetter,
+    brokers: &BTreeMap<String, Arc<BrokerSpec>>,
+    known_broker: &dyn Fn(&str, &str) -> Result<()>,
+) -> Result<(Inbound, DeadLetter)> {
+    known_broker("inbound.broker", &raw.broker)?;
+    if raw.queue.is_empty() {
+        return Err(InvalidKey::new("inbound.queue", "must not be empty"));
+    }
+    let prefetch = u16::try_from(raw.prefetch)
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| InvalidKey::new("inbound.prefetch", "must be between 1 and 65535"))?;
+
+    let inbound_queue_type = queue_type("inbound.queue_type", &raw.queue_type)?;
+    if raw.max_redeliveries == 0 {
+        return Err(InvalidKey::new(
+            "inbound.max_redeliveries",
+            "must be at least 1",
+        ));
+    }
+    if raw.max_hops == 0 {
+        return Err(InvalidKey::new("inbound.max_hops", "must be at least 1"));
+    }
+    // The forwarder's own user is always trusted: whoever holds its
+    // credentials can consume and publish as the forwarder anyway.
+    let mut trusted_users = raw.trusted_users.clone().unwrap_or_default();
+    if let Some(i) = trusted_users.iter().position(String::is_empty) {
+        return Err(InvalidKey::new(
+            format!("inbound.trusted_users[{i}]"),
+            "must not be empty; name a RabbitMQ user",
+        ));
+    }
+    let own = brokers.get(&raw.broker).and_then(|b| b.user());
+    if let Some(own) = own.filter(|own| !trusted_users.contains(own)) {
+        trusted_users.insert(0, own);
+    }
+
+    let dead_letter = compile_dead_letter(dead_letter, &raw.queue)?;
+    if raw.dead_letter_by_policy && dead_letter.mode != DeadLetterMode::Nack {
+        return Err(InvalidKey::new(
+            "inbound.dead_letter_by_policy",
+            "applies only to dead_letter.mode = \"nack\"; remove it",
+        ));
+    }
+
+    let inbound = Inbound {
+        broker: raw.broker.clone(),
+        queue: raw.queue.clone(),
+        prefetch,
+        declare: raw.declare,
+        single_active_consumer: raw.single_active_consumer,
+        queue_type: inbound_queue_type,
+        max_redeliveries: raw.max_redeliveries,
+        max_hops: raw.max_hops,
+        dead_letter_by_policy: raw.dead_letter_by_policy,
+        trusted_users,
+    };
+    Ok((inbound, dead_letter))
 }

@@ -35,10 +35,11 @@ pub struct Settings {
     pub shutdown_timeout: Duration,
     /// Threads running the forwarder's tasks; `None` is one per CPU core.
     pub worker_threads: Option<usize>,
-    /// The inbound queue.
-    pub inbound: Inbound,
-    /// Where failed messages go.
-    pub dead_letter: DeadLetter,
+    /// The inbound queue; `None` for a forwarder fed by the HTTP ingress
+    /// alone. Set exactly when `dead_letter` is.
+    pub inbound: Option<Inbound>,
+    /// Where failed messages go; set exactly when `inbound` is.
+    pub dead_letter: Option<DeadLetter>,
     /// Brokers by name.
     pub brokers: BTreeMap<String, Arc<BrokerSpec>>,
     /// Endpoints by name.
@@ -53,6 +54,14 @@ pub struct Settings {
     pub http: Option<HttpIngress>,
     /// Proof that [`compile`] made it.
     pub compiled: Compiled,
+}
+
+impl Settings {
+    /// The queue side: the inbound queue and its dead letters, when the
+    /// forwarder consumes one.
+    pub fn queue(&self) -> Option<(&Inbound, &DeadLetter)> {
+        self.inbound.as_ref().zip(self.dead_letter.as_ref())
+    }
 }
 
 /// The mark of a [`Settings`] that [`compile`] made: it has no public

@@ -21,10 +21,12 @@ pub struct RawConfig {
     /// Threads that run the forwarder's tasks; 0 is one per CPU core.
     #[serde(default = "default_worker_threads")]
     pub worker_threads: u16,
-    /// The queue work items are consumed from.
-    pub inbound: RawInbound,
-    /// Where messages go when they cannot be forwarded.
-    pub dead_letter: RawDeadLetter,
+    /// The queue work items are consumed from; optional when
+    /// `[ingress.http]` is set.
+    pub inbound: Option<RawInbound>,
+    /// Where messages go when they cannot be forwarded; required with
+    /// `[inbound]`, and only with it.
+    pub dead_letter: Option<RawDeadLetter>,
     /// Broker connections by name.
     pub brokers: BTreeMap<String, RawBroker>,
     /// Publish destinations by name.

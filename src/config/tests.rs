@@ -3,8 +3,23 @@
 
 use super::load_str;
 
+use super::Settings;
 use crate::destination::{DeadLetterMode, QueueType};
 use crate::routing::Outage;
+
+fn inbound(settings: &Settings) -> &crate::config::Inbound {
+    settings
+        .inbound
+        .as_ref()
+        .unwrap_or_else(|| panic!("no [inbound]"))
+}
+
+fn dead_letter(settings: &Settings) -> &crate::destination::DeadLetter {
+    settings
+        .dead_letter
+        .as_ref()
+        .unwrap_or_else(|| panic!("no [dead_letter]"))
+}
 
 const BASE: &str = r#"
 [inbound]
@@ -55,8 +70,8 @@ fn with(extra: &str) -> String {
 fn the_spec_example_is_valid() {
     let spec = include_str!("../../config/spec-example.toml");
     let settings = load_str(spec, "spec-example.toml").unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(settings.inbound.prefetch, 1000);
-    assert_eq!(settings.dead_letter.mode, DeadLetterMode::Nack);
+    assert_eq!(inbound(&settings).prefetch, 1000);
+    assert_eq!(dead_letter(&settings).mode, DeadLetterMode::Nack);
     assert_eq!(
         settings.routing.branch_names().collect::<Vec<_>>(),
         ["service", "logging"]
@@ -79,20 +94,20 @@ fn the_seed_config_is_valid() {
 #[test]
 fn defaults_apply() {
     let settings = load_str(BASE, "test.toml").unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(settings.inbound.prefetch, 1000);
-    assert!(settings.inbound.declare);
+    assert_eq!(inbound(&settings).prefetch, 1000);
+    assert!(inbound(&settings).declare);
     assert_eq!(settings.shutdown_timeout.as_millis(), 10_000);
     assert_eq!(
         settings.endpoints["primary"].confirm_timeout.as_millis(),
         5000
     );
     assert_eq!(settings.endpoints["primary"].retries, 0);
-    assert_eq!(settings.dead_letter.mode, DeadLetterMode::Nack);
-    assert_eq!(settings.inbound.queue_type, QueueType::Classic);
-    assert_eq!(settings.inbound.max_redeliveries, 10);
-    assert_eq!(settings.inbound.max_hops, 8);
-    assert!(!settings.inbound.dead_letter_by_policy);
-    assert_eq!(settings.dead_letter.queue_type, QueueType::Classic);
+    assert_eq!(dead_letter(&settings).mode, DeadLetterMode::Nack);
+    assert_eq!(inbound(&settings).queue_type, QueueType::Classic);
+    assert_eq!(inbound(&settings).max_redeliveries, 10);
+    assert_eq!(inbound(&settings).max_hops, 8);
+    assert!(!inbound(&settings).dead_letter_by_policy);
+    assert_eq!(dead_letter(&settings).queue_type, QueueType::Classic);
     let primary = &settings.endpoints["primary"];
     assert_eq!(primary.declare_queue_type, QueueType::Classic);
     assert_eq!(primary.probe_interval.as_millis(), 1000);
@@ -122,11 +137,11 @@ fn new_keys_are_read() {
              outage_timeout_ms = 30000",
         ) + "\n[sessions]\nclosed_ttl_ms = 5000\n";
     let settings = load_str(&toml, "test.toml").unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(settings.inbound.queue_type, QueueType::Quorum);
-    assert_eq!(settings.inbound.max_redeliveries, 3);
-    assert_eq!(settings.inbound.max_hops, 2);
-    assert!(settings.inbound.dead_letter_by_policy);
-    assert_eq!(settings.dead_letter.queue_type, QueueType::Quorum);
+    assert_eq!(inbound(&settings).queue_type, QueueType::Quorum);
+    assert_eq!(inbound(&settings).max_redeliveries, 3);
+    assert_eq!(inbound(&settings).max_hops, 2);
+    assert!(inbound(&settings).dead_letter_by_policy);
+    assert_eq!(dead_letter(&settings).queue_type, QueueType::Quorum);
     let primary = &settings.endpoints["primary"];
     assert_eq!(primary.declare_queue_type, QueueType::Quorum);
     assert_eq!(primary.probe_interval.as_millis(), 250);
@@ -190,26 +205,26 @@ fn a_cluster_is_its_nodes_in_order_of_preference() {
 fn the_forwarders_own_user_is_always_trusted_and_listed_users_besides() {
     let load = |toml: &str| load_str(toml, "test.toml");
     let settings = load(BASE).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(settings.inbound.trusted_users, ["guest"]);
+    assert_eq!(inbound(&settings).trusted_users, ["guest"]);
     let listed = BASE.replace(
         "queue = \"work.in\"\n",
         "queue = \"work.in\"\ntrusted_users = [\"upstream\", \"guest\"]\n",
     );
     let settings = load(&listed).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(settings.inbound.trusted_users, ["upstream", "guest"]);
+    assert_eq!(inbound(&settings).trusted_users, ["upstream", "guest"]);
     let other = BASE.replace(
         "queue = \"work.in\"\n",
         "queue = \"work.in\"\ntrusted_users = [\"upstream\"]\n",
     );
     let settings = load(&other).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(settings.inbound.trusted_users, ["guest", "upstream"]);
+    assert_eq!(inbound(&settings).trusted_users, ["guest", "upstream"]);
     let external = BASE.replace(
         "127.0.0.1:5672/%2f\"",
         "127.0.0.1:5672/%2f?auth_mechanism=external\"",
     );
     let settings = load(&external).unwrap_or_else(|e| panic!("{e}"));
     assert!(
-        settings.inbound.trusted_users.is_empty(),
+        inbound(&settings).trusted_users.is_empty(),
         "a certificate login names no user in the URI"
     );
     let empty = BASE.replace(
@@ -842,4 +857,104 @@ fn errors_never_contain_credentials() {
     let err = error_of(&BASE.replace("127.0.0.1:5672", "127.0.0.1:notaport"));
     assert!(err.starts_with("test.toml: brokers.main.uri: "), "{err}");
     assert!(!err.contains("secret"), "{err}");
+}
+
+/// BASE without its `[inbound]` and `[dead_letter]` tables.
+fn without_queue() -> String {
+    let start = BASE.find("[brokers.main]").unwrap_or_default();
+    BASE[start..].to_owned()
+}
+
+#[test]
+fn the_http_ingress_alone_needs_no_inbound_queue_but_something_must_feed_the_forwarder() {
+    let http = "[ingress.http]\nlisten = \"8080\"\n";
+    let alone = load_str(&format!("{}\n{http}", without_queue()), "test.toml")
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(alone.inbound.is_none() && alone.dead_letter.is_none() && alone.queue().is_none());
+    let ingress = alone.http.as_ref().unwrap_or_else(|| panic!("no ingress"));
+    assert_eq!(ingress.listen.to_string(), "127.0.0.1:8080");
+    assert_eq!(
+        ingress.max_in_flight, 1000,
+        "the default prefetch without an inbound queue"
+    );
+    assert_eq!(ingress.max_body_bytes, 1024 * 1024);
+
+    assert_eq!(
+        error_of(&without_queue()),
+        "test.toml: inbound: missing; add an [inbound] queue to consume, an [ingress.http] \
+         listener, or both"
+    );
+    let dead_letter_alone = format!(
+        "[dead_letter]\nexchange = \"x\"\nrouting_key = \"y\"\n{}\n{http}",
+        without_queue()
+    );
+    assert_eq!(
+        error_of(&dead_letter_alone),
+        "test.toml: dead_letter: applies only with [inbound]; remove it, or add the [inbound] \
+         queue to consume"
+    );
+    let inbound_alone = format!(
+        "[inbound]\nbroker = \"main\"\nqueue = \"q\"\n{}",
+        without_queue()
+    );
+    assert!(
+        error_of(&inbound_alone).starts_with("test.toml: dead_letter: missing"),
+        "{}",
+        error_of(&inbound_alone)
+    );
+}
+
+#[test]
+fn the_http_ingress_settings_are_checked() {
+    let cases = [
+        (
+            "listen = \"0.0.0.0:8080\"",
+            "ingress.http.listen: 0.0.0.0:8080 is reachable from other hosts but no tokens are \
+             set",
+        ),
+        (
+            "listen = \"nowhere\"",
+            "ingress.http.listen: \"nowhere\" is not a host:port",
+        ),
+        (
+            "listen = \"8080\"\ntokens = [\"\"]",
+            "ingress.http.tokens: holds an empty token",
+        ),
+        (
+            "listen = \"8080\"\nforward_headers = [\"Authorization\"]",
+            "ingress.http.forward_headers[0]: \"Authorization\" is never forwarded",
+        ),
+        (
+            "listen = \"8080\"\nforward_headers = [\"x-switchyard-only\"]",
+            "ingress.http.forward_headers[0]: \"x-switchyard-only\" is never forwarded",
+        ),
+        (
+            "listen = \"8080\"\nmax_in_flight = 0",
+            "ingress.http.max_in_flight: must be at least 1",
+        ),
+        (
+            "listen = \"8080\"\ncert_file = \"c.pem\"",
+            "ingress.http.key_file: missing: cert_file needs its key",
+        ),
+        ("listen = \"8080\"\nbogus = 1", "unknown field `bogus`"),
+    ];
+    for (keys, expected) in cases {
+        let error = error_of(&with(&format!("[ingress.http]\n{keys}\n")));
+        assert!(error.contains(expected), "{keys}: {error}");
+    }
+    let ok = with("[ingress.http]\nlisten = \"0.0.0.0:8080\"\ntokens = \"a, b\"\n");
+    let settings = load_str(&ok, "test.toml").unwrap_or_else(|e| panic!("{e}"));
+    let ingress = settings
+        .http
+        .as_ref()
+        .unwrap_or_else(|| panic!("no ingress"));
+    assert_eq!(
+        ingress.tokens,
+        ["a", "b"],
+        "a comma-separated string, as from the environment"
+    );
+    assert!(
+        !format!("{ingress:?}").contains("\"a\""),
+        "tokens are never shown"
+    );
 }

@@ -87,7 +87,11 @@ pub async fn inspect(
     }
     out.flush()?;
     Ok(Inspected {
-        queue: settings.dead_letter.queue.clone().unwrap_or_default(),
+        queue: settings
+            .dead_letter
+            .as_ref()
+            .and_then(|d| d.queue.clone())
+            .unwrap_or_default(),
         counts: scan.counts,
         limit,
     })

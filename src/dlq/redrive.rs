@@ -19,7 +19,7 @@
 
 use super::error::{DlqError, Redriven, Stop};
 use super::record::{Missing, redrive_properties};
-use super::scan::{Scan, Selection, open};
+use super::scan::{Scan, Selection, open, queue_side};
 use crate::broker::RepublishError;
 use crate::config::Settings;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -42,7 +42,9 @@ pub async fn redrive(
     interrupt: impl Future<Output = ()>,
 ) -> Result<Redriven, DlqError> {
     let (mut reader, queued) = open(settings).await?;
-    let inbound = settings.inbound.queue.as_str();
+    let (inbound, dead_letter) = queue_side(settings)?;
+    let inbound_broker = inbound.broker.as_str();
+    let inbound = inbound.queue.as_str();
     let bar = if progress && queued >= PROGRESS_FROM {
         let bar = ProgressBar::new(u64::from(queued));
         if let Ok(style) = ProgressStyle::with_template("{bar:40} {pos}/{len} read, {msg}") {
@@ -54,12 +56,9 @@ pub async fn redrive(
     };
     let mut scan = Scan::new(settings, selection, queued);
     // The redriving user, which the copies carry as `user_id`.
-    let user = settings
-        .brokers
-        .get(&settings.inbound.broker)
-        .and_then(|b| b.user());
+    let user = settings.brokers.get(inbound_broker).and_then(|b| b.user());
     let mut done = Redriven {
-        from: settings.dead_letter.queue.clone().unwrap_or_default(),
+        from: dead_letter.queue.clone().unwrap_or_default(),
         to: inbound.to_owned(),
         counts: scan.counts,
         redriven: 0,

@@ -5,8 +5,8 @@
 use super::error::{Counts, DlqError};
 use super::record::{Record, is_probe};
 use crate::broker::{DlqReader, ReadError};
-use crate::config::{InvalidKey, Settings};
-use crate::destination::QueueType;
+use crate::config::{Inbound, InvalidKey, Settings};
+use crate::destination::{DeadLetter, QueueType};
 use crate::envelope::Envelope;
 use crate::wire::Trust;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -119,9 +119,21 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs(total))
 }
 
+/// The inbound queue and its dead letters, or the configuration error
+/// saying they are needed.
+pub(super) fn queue_side(settings: &Settings) -> Result<(&Inbound, &DeadLetter), DlqError> {
+    settings.queue().ok_or_else(|| {
+        DlqError::Config(InvalidKey::new(
+            "inbound",
+            "not set: this forwarder consumes no queue (HTTP ingress only) and dead-letters \
+             nothing, so there is no dead-letter queue to read",
+        ))
+    })
+}
+
 /// The dead-letter queue's name, or the configuration error saying it is needed.
 fn dead_letter_queue(settings: &Settings) -> Result<&str, DlqError> {
-    settings.dead_letter.queue.as_deref().ok_or_else(|| {
+    queue_side(settings)?.1.queue.as_deref().ok_or_else(|| {
         DlqError::Config(InvalidKey::new(
             "dead_letter.queue",
             "not set; the dlq commands read the dead-letter queue it names (set it to the queue \
@@ -133,15 +145,13 @@ fn dead_letter_queue(settings: &Settings) -> Result<&str, DlqError> {
 /// Opens the dead-letter queue on the inbound broker.
 pub(super) async fn open(settings: &Settings) -> Result<(DlqReader, u32), DlqError> {
     let queue = dead_letter_queue(settings)?;
-    let broker = settings
-        .brokers
-        .get(&settings.inbound.broker)
-        .ok_or_else(|| {
-            DlqError::Config(InvalidKey::new(
-                "inbound.broker",
-                "names no [brokers] entry",
-            ))
-        })?;
+    let (inbound, _) = queue_side(settings)?;
+    let broker = settings.brokers.get(&inbound.broker).ok_or_else(|| {
+        DlqError::Config(InvalidKey::new(
+            "inbound.broker",
+            "names no [brokers] entry",
+        ))
+    })?;
     Ok(DlqReader::open(broker, &settings.name, queue).await?)
 }
 
@@ -171,7 +181,13 @@ impl<'a> Scan<'a> {
                 queued,
                 ..Counts::default()
             },
-            trust: Trust::new(settings.inbound.trusted_users.clone()),
+            trust: Trust::new(
+                settings
+                    .inbound
+                    .as_ref()
+                    .map(|i| i.trusted_users.clone())
+                    .unwrap_or_default(),
+            ),
         }
     }
 
@@ -210,7 +226,8 @@ impl<'a> Scan<'a> {
     /// is taken first, and all go back behind any that arrived since, in
     /// their order. A classic queue puts each back in its place.
     pub(super) async fn hold_rest(&mut self, reader: &mut DlqReader) -> Result<(), ReadError> {
-        if self.settings.dead_letter.queue_type != QueueType::Quorum {
+        let quorum = self.settings.dead_letter.as_ref().map(|d| d.queue_type);
+        if quorum != Some(QueueType::Quorum) {
             return Ok(());
         }
         while self.remaining > 0 && reader.next().await?.is_some() {

@@ -89,21 +89,40 @@ impl Consumer {
         while !shutdown.is_cancelled() {
             let generation = consumer.live.current();
             let settings = &generation.settings;
-            let queue = &settings.inbound.queue;
-            if std::mem::take(&mut redeclare) && settings.inbound.declare {
+            let queue_side = settings.queue().zip(generation.topology_connector());
+            let (Some(((inbound, dead_letter), topology)), Some(consume_connector)) =
+                (queue_side, generation.consume_connector.clone())
+            else {
+                // No inbound queue (the HTTP ingress alone): nothing to
+                // consume, unless a reload adds one.
+                drop(generation);
+                tokio::select! {
+                    () = shutdown.cancelled() => return None,
+                    reload = next_reload(reloads) => {
+                        if consumer.live.reload(reload, shutdown).await {
+                            (permits, prefetch) = permits_for(&consumer.live.current());
+                        }
+                    }
+                }
+                continue;
+            };
+            let queue = inbound.queue.clone();
+            let queue = &queue;
+            if std::mem::take(&mut redeclare) && inbound.declare {
                 // A deleted inbound queue comes back; anything else is logged by
                 // the open below.
-                let _ = redeclare_inbound(generation.topology_connector(), settings).await;
+                let _ = redeclare_inbound(topology, (inbound, dead_letter)).await;
             }
             let opened = tokio::select! {
                 () = shutdown.cancelled() => return None,
-                opened = open_inbound(&generation.consume_connector.0, settings) => opened,
+                opened = open_inbound(&consume_connector.0, &settings.name, inbound) => opened,
             };
+            let prefetch_now = inbound.prefetch;
             let mut inbound = match opened {
                 Ok(inbound) => inbound,
                 Err(why) => {
                     redeclare = why.queue_not_found();
-                    let connector = generation.consume_connector.0.clone();
+                    let connector = consume_connector.0.clone();
                     let retry = match why {
                         // Logged by the connector, with its next try: the one to wait for.
                         ConsumeError::Connect(
@@ -138,9 +157,9 @@ impl Consumer {
                 }
             };
             backoff.reset();
-            telemetry.consuming(queue, settings.inbound.prefetch);
+            telemetry.consuming(queue, prefetch_now);
             consumer.consuming.store(true, Ordering::Relaxed);
-            let mut moves = generation.consume_connector.0.epochs();
+            let mut moves = consume_connector.0.epochs();
             drop(generation);
             let channel = Channel {
                 inbound: &mut inbound,
@@ -162,7 +181,7 @@ impl Consumer {
                 }
                 Leave::Reconfigured | Leave::Moved | Leave::Cancelled => {
                     if matches!(leave, Leave::Moved) {
-                        telemetry.consumer_moving(&consumer.live.current().settings.inbound.queue);
+                        telemetry.consumer_moving(&inbound_queue(&consumer.live.current()));
                     }
                     // Its messages settle on the channel they came on: no duplicates.
                     inbound.stop_consuming().await;
@@ -183,10 +202,20 @@ impl Consumer {
     }
 }
 
+/// The inbound queue's name under `generation` (`""` without one).
+fn inbound_queue(generation: &Generation) -> String {
+    let inbound = generation.settings.inbound.as_ref();
+    inbound.map(|i| i.queue.clone()).unwrap_or_default()
+}
+
 /// A semaphore of `prefetch` permits for the consumer of `generation`, and
-/// that number.
+/// that number (1 without an inbound queue: nothing is consumed).
 fn permits_for(generation: &Generation) -> (Arc<Semaphore>, u32) {
-    let prefetch = generation.settings.inbound.prefetch;
+    let prefetch = generation
+        .settings
+        .inbound
+        .as_ref()
+        .map_or(1, |i| i.prefetch);
     (
         Arc::new(Semaphore::new(usize::from(prefetch))),
         u32::from(prefetch),
@@ -242,7 +271,7 @@ async fn consume_channel(
             },
         };
         let telemetry = &consumer.telemetry;
-        let queue = || consumer.live.current().settings.inbound.queue.clone();
+        let queue = || inbound_queue(&consumer.live.current());
         tokio::select! {
             biased;
             () = &mut stopping => return Leave::Shutdown,

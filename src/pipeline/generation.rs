@@ -14,7 +14,7 @@ use super::engine::{Engine, Outages};
 use super::screen::Screen;
 use super::settle::Settler;
 use crate::broker::{Blocking, Connector, EndpointHealth, Publish, Publisher, Publishers, Role};
-use crate::config::{Inbound, Settings};
+use crate::config::Settings;
 use crate::destination::{DeadLetterMode, Endpoint};
 use crate::telemetry::Telemetry;
 use std::collections::BTreeMap;
@@ -32,7 +32,8 @@ pub struct Generation {
     /// 1 for the configuration loaded at start, then one more per reload.
     pub(super) number: u64,
     pub(super) settings: Settings,
-    pub(super) consume_connector: Arc<Shared>,
+    /// The inbound broker's consuming connector; `None` without `[inbound]`.
+    pub(super) consume_connector: Option<Arc<Shared>>,
     pub(super) publish_connectors: BTreeMap<String, Arc<Shared>>,
     /// Every endpoint's publisher, by name: the health view readiness reads.
     pub(super) publishers: Publishers,
@@ -132,19 +133,21 @@ impl Generation {
                 (name.clone(), shared)
             })
             .collect();
-        let inbound_broker = &settings.inbound.broker;
-        let consume_connector = reusable(inbound_broker)
-            .filter(|p| p.settings.inbound.broker == *inbound_broker)
-            .map(|p| p.consume_connector.clone())
-            .unwrap_or_else(|| {
-                Arc::new(Shared(Connector::new(
-                    settings.brokers[inbound_broker].clone(),
-                    &settings.name,
-                    Role::Consume,
-                    common.background.clone(),
-                    telemetry.clone(),
-                )))
-            });
+        let consume_connector = settings.inbound.as_ref().map(|inbound| {
+            let broker = &inbound.broker;
+            reusable(broker)
+                .filter(|p| p.settings.inbound.as_ref().map(|i| &i.broker) == Some(broker))
+                .and_then(|p| p.consume_connector.clone())
+                .unwrap_or_else(|| {
+                    Arc::new(Shared(Connector::new(
+                        settings.brokers[broker].clone(),
+                        &settings.name,
+                        Role::Consume,
+                        common.background.clone(),
+                        telemetry.clone(),
+                    )))
+                })
+        });
         let publisher = |endpoint: &Arc<Endpoint>, old: Option<&Publisher>| {
             let unchanged = old.filter(|old| {
                 **old.endpoint() == **endpoint && reusable(&endpoint.broker).is_some()
@@ -183,12 +186,15 @@ impl Generation {
             common.outages.clone(),
             telemetry.clone(),
         );
-        let dead_letters = (settings.dead_letter.mode == DeadLetterMode::Republish).then(|| {
+        let republish = settings
+            .queue()
+            .filter(|(_, dl)| dl.mode == DeadLetterMode::Republish);
+        let dead_letters = republish.map(|(inbound, dl)| {
             let endpoint = Arc::new(Endpoint {
                 name: DEAD_LETTER_ENDPOINT.to_owned(),
-                broker: settings.inbound.broker.clone(),
-                exchange: settings.dead_letter.exchange.clone(),
-                routing_key: settings.dead_letter.routing_key.clone(),
+                broker: inbound.broker.clone(),
+                exchange: dl.exchange.clone(),
+                routing_key: dl.routing_key.clone(),
                 declare_queue: None,
                 confirm_timeout: Duration::from_secs(5),
                 retries: 0,
@@ -199,21 +205,20 @@ impl Generation {
             publisher(&endpoint, previous.and_then(|p| p.dead_letters.as_ref()))
         });
         let settler = Settler::new(
-            settings.dead_letter.mode,
+            dead_letter_mode(&settings),
             dead_letters.as_ref().map(|publisher| {
                 let registry =
                     Publishers::new([publisher.clone()], common.health_epoch.subscribe());
                 let publish: Arc<dyn Publish> = Arc::new(registry);
                 (publish, publisher.endpoint().clone())
             }),
-            &settings.inbound.queue,
+            source_queue(&settings),
             telemetry.clone(),
         );
-        let limits = |inbound: &Inbound| (inbound.max_hops, inbound.max_redeliveries);
-        let (max_hops, max_redeliveries) = limits(&settings.inbound);
+        let (max_hops, max_redeliveries) = limits(&settings);
         // The same limits keep the redelivery memory: a poison message stays counted.
         let screen = previous
-            .filter(|p| limits(&p.settings.inbound) == (max_hops, max_redeliveries))
+            .filter(|p| limits(&p.settings) == (max_hops, max_redeliveries))
             .map(|p| p.screen.clone())
             .unwrap_or_else(|| Arc::new(Screen::new(max_hops, max_redeliveries)));
         let blocking = publish_connectors
@@ -237,8 +242,10 @@ impl Generation {
     /// The connection declarations and the dead-letter probe use: the
     /// inbound broker's publishing one, so the consuming connection never
     /// publishes and a resource alarm can never block its acks.
-    pub(super) fn topology_connector(&self) -> &Connector {
-        &self.publish_connectors[&self.settings.inbound.broker].0
+    /// `None` without `[inbound]`.
+    pub(super) fn topology_connector(&self) -> Option<&Connector> {
+        let inbound = self.settings.inbound.as_ref()?;
+        Some(&self.publish_connectors[&inbound.broker].0)
     }
 
     /// Whether consuming under `next` needs a new consumer: the inbound
@@ -246,7 +253,11 @@ impl Generation {
     pub(super) fn inbound_differs(&self, next: &Generation) -> bool {
         self.settings.inbound != next.settings.inbound
             || self.settings.name != next.settings.name
-            || !Arc::ptr_eq(&self.consume_connector, &next.consume_connector)
+            || match (&self.consume_connector, &next.consume_connector) {
+                (Some(now), Some(next)) => !Arc::ptr_eq(now, next),
+                (None, None) => false,
+                _ => true,
+            }
     }
 
     /// Endpoints of `next` whose queue must be declared: new or changed.
@@ -277,12 +288,36 @@ impl Generation {
             .as_ref()
             .map(|p| (publish.clone(), p.endpoint().clone()));
         generation.settler = Settler::new(
-            generation.settings.dead_letter.mode,
+            dead_letter_mode(&generation.settings),
             dead_letters,
-            &generation.settings.inbound.queue,
+            source_queue(&generation.settings),
             telemetry.clone(),
         );
         generation.engine = Engine::new(publish, common.outages, telemetry);
         generation
     }
+}
+
+/// The screen's limits: the inbound queue's. Without one, messages come
+/// from the HTTP ingress alone, untrusted first deliveries with no hops and
+/// no redeliveries, which no limit bars.
+fn limits(settings: &Settings) -> (u32, u32) {
+    settings
+        .inbound
+        .as_ref()
+        .map_or((u32::MAX, u32::MAX), |i| (i.max_hops, i.max_redeliveries))
+}
+
+/// How the settler dead-letters. Without `[inbound]` nothing is consumed,
+/// so nothing is ever settled and the mode is moot.
+fn dead_letter_mode(settings: &Settings) -> DeadLetterMode {
+    settings
+        .dead_letter
+        .as_ref()
+        .map_or(DeadLetterMode::Nack, |d| d.mode)
+}
+
+/// The queue dead letters say they came from.
+fn source_queue(settings: &Settings) -> &str {
+    settings.inbound.as_ref().map_or("", |i| i.queue.as_str())
 }

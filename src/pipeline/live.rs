@@ -84,10 +84,11 @@ impl Live {
         let inbound_differs = current.inbound_differs(&next);
         let topology_differs =
             inbound_differs || current.settings.dead_letter != next.settings.dead_letter;
-        if topology_differs {
+        let queue_side = next.settings.queue().zip(next.topology_connector());
+        if let (true, Some((queue, connector))) = (topology_differs, queue_side) {
             let prepared = tokio::select! {
                 () = shutdown.cancelled() => return false,
-                prepared = prepare_inbound(next.topology_connector(), &next.settings) => prepared,
+                prepared = prepare_inbound(connector, queue) => prepared,
             };
             if let Err(why) = prepared {
                 self.telemetry.reload_rejected(&why);

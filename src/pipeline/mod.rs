@@ -145,6 +145,7 @@ impl Forwarder {
     pub fn readiness(&self) -> Readiness {
         Readiness {
             consuming: self.consuming.clone(),
+            prepared: self.prepared.clone(),
             generation: self.live.subscribe(),
         }
     }
@@ -187,7 +188,9 @@ impl Forwarder {
         common.publishers_stop.cancel();
         let last = self.live.current();
         // Concurrently: a stalled broker must not add its close timeout to every other's.
-        let closes = std::iter::once(&last.consume_connector)
+        let closes = last
+            .consume_connector
+            .iter()
             .chain(last.publish_connectors.values())
             .map(|c| c.0.close());
         futures_util::future::join_all(closes).await;
@@ -215,7 +218,9 @@ impl Forwarder {
         shutdown: &CancellationToken,
     ) -> Result<(), RunError> {
         let connectors = || {
-            std::iter::once(&generation.consume_connector)
+            generation
+                .consume_connector
+                .iter()
                 .chain(generation.publish_connectors.values())
         };
         for connector in connectors() {
@@ -234,12 +239,13 @@ impl Forwarder {
         shutdown: &CancellationToken,
     ) -> Result<(), RunError> {
         let settings = &generation.settings;
-        let connector = generation.topology_connector();
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
-        loop {
+        // Without an inbound queue (the HTTP ingress alone) there is none to prepare.
+        let queue_side = settings.queue().zip(generation.topology_connector());
+        while let Some((queue, connector)) = queue_side {
             let prepared = tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
-                prepared = prepare_inbound(connector, settings) => prepared,
+                prepared = prepare_inbound(connector, queue) => prepared,
             };
             let retry = match prepared {
                 Ok(()) => break,
@@ -293,11 +299,11 @@ impl Forwarder {
 /// first that refuses the credentials or the vhost is an error. One that
 /// cannot be reached is left to fail over as usual.
 async fn refuse_fast(generation: &Generation) -> Result<(), RunError> {
-    let inbound = &generation.settings.inbound.broker;
+    let inbound = generation.settings.inbound.as_ref().map(|i| &i.broker);
     let others = generation
         .publish_connectors
         .iter()
-        .filter(|(name, _)| *name != inbound)
+        .filter(|(name, _)| Some(*name) != inbound)
         .map(|(_, c)| c.0.connection());
     for result in futures_util::future::join_all(others).await {
         if let Err(refused @ ConnectError::Refused { .. }) = result {
@@ -307,21 +313,27 @@ async fn refuse_fast(generation: &Generation) -> Result<(), RunError> {
     Ok(())
 }
 
-/// Whether a forwarder serves: its consumer is consuming and every branch
-/// of the live routing table has at least one endpoint up.
+/// Whether a forwarder serves: its topology is prepared, its consumer (if
+/// it has an inbound queue) is consuming, and every branch of the live
+/// routing table has at least one endpoint up.
 #[derive(Clone)]
 pub struct Readiness {
     consuming: Arc<AtomicBool>,
+    prepared: Arc<AtomicBool>,
     generation: watch::Receiver<Arc<Generation>>,
 }
 
 impl Readiness {
     /// `Ok` when ready; otherwise why not, in one line.
     pub fn check(&self) -> Result<(), String> {
-        if !self.consuming.load(Ordering::Relaxed) {
+        let generation = self.generation.borrow().clone();
+        let consumes = generation.settings.inbound.is_some();
+        if consumes && !self.consuming.load(Ordering::Relaxed) {
             return Err("not consuming from the inbound queue".to_owned());
         }
-        let generation = self.generation.borrow().clone();
+        if !self.prepared.load(Ordering::Relaxed) {
+            return Err("starting: the topology is not prepared yet".to_owned());
+        }
         let down: Vec<String> = generation
             .settings
             .routing

@@ -332,6 +332,8 @@ pub struct Forwarder {
     sessions: Option<Keys>,
     admin: Option<Keys>,
     http: Option<Keys>,
+    /// Whether `[inbound]` and `[dead_letter]` are written.
+    queue: bool,
 }
 
 impl Forwarder {
@@ -371,6 +373,7 @@ impl Forwarder {
             sessions: None,
             admin: None,
             http: None,
+            queue: true,
         }
     }
 
@@ -479,6 +482,13 @@ impl Forwarder {
         self
     }
 
+    /// Neither `[inbound]` nor `[dead_letter]`: a forwarder fed by its HTTP
+    /// ingress alone.
+    pub fn without_queue(mut self) -> Self {
+        self.queue = false;
+        self
+    }
+
     /// The seed scenario's shape: branches "service" and "logging" over
     /// every message, each with a one-endpoint backup list; queues
     /// `<p>.service`, `<p>.service.backup`, `<p>.logging`,
@@ -538,6 +548,9 @@ impl Forwarder {
             ("inbound", &self.inbound),
             ("dead_letter", &self.dead_letter),
         ] {
+            if !self.queue {
+                continue;
+            }
             let _ = writeln!(out, "\n[{title}]");
             table.write(&mut out);
         }

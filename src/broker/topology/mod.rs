@@ -29,8 +29,8 @@ use queue::{QueueSpec, Setting, ensure_queue};
 
 use super::connector::Connector;
 use crate::amqp::{AmqpValue, FieldTable};
-use crate::config::Settings;
-use crate::destination::{DeadLetterMode, Endpoint, QueueType};
+use crate::config::Inbound;
+use crate::destination::{DeadLetter, DeadLetterMode, Endpoint, QueueType};
 use lapin::ExchangeKind;
 use lapin::options::{ExchangeDeclareOptions, QueueBindOptions};
 
@@ -39,10 +39,8 @@ use lapin::options::{ExchangeDeclareOptions, QueueBindOptions};
 /// arguments.
 pub async fn prepare_inbound(
     connector: &Connector,
-    settings: &Settings,
+    (inbound, dl): (&Inbound, &DeadLetter),
 ) -> Result<(), TopologyError> {
-    let inbound = &settings.inbound;
-    let dl = &settings.dead_letter;
     if !dl.exchange.is_empty() {
         let options = ExchangeDeclareOptions {
             passive: !inbound.declare,
@@ -81,9 +79,9 @@ pub async fn prepare_inbound(
         .await
         .map_err(|e| e.into_error(&format!("binding dead_letter.queue \"{queue}\"")))?;
     }
-    ensure_queue(connector, &inbound_spec(settings)).await?;
+    ensure_queue(connector, &inbound_spec(inbound, dl)).await?;
     if !(inbound.declare && dl.queue.is_some()) {
-        probe_dead_letter_route(connector, settings).await?;
+        probe_dead_letter_route(connector, &inbound.broker, dl).await?;
     }
     Ok(())
 }
@@ -92,9 +90,9 @@ pub async fn prepare_inbound(
 /// consumer), with the same arguments and checks as at startup.
 pub async fn redeclare_inbound(
     connector: &Connector,
-    settings: &Settings,
+    (inbound, dl): (&Inbound, &DeadLetter),
 ) -> Result<(), TopologyError> {
-    ensure_queue(connector, &inbound_spec(settings)).await
+    ensure_queue(connector, &inbound_spec(inbound, dl)).await
 }
 
 /// Declares an endpoint's `declare_queue`, if it has one, with its type.
@@ -123,9 +121,7 @@ pub async fn declare_endpoint_queue(
 /// dead-letter queue has confirmed it. An existing queue may differ there;
 /// that is logged, not refused. With `dead_letter_by_policy` no dead-letter
 /// argument is declared or checked: the policy is trusted.
-fn inbound_spec(settings: &Settings) -> QueueSpec<'_> {
-    let inbound = &settings.inbound;
-    let dl = &settings.dead_letter;
+fn inbound_spec<'a>(inbound: &'a Inbound, dl: &'a DeadLetter) -> QueueSpec<'a> {
     let mut spec = QueueSpec::new(
         "inbound.queue",
         &inbound.queue,

@@ -5,7 +5,7 @@
 use super::operation::{TopologyError, run_on};
 use crate::amqp::{AmqpValue, FieldTable};
 use crate::broker::connector::Connector;
-use crate::config::Settings;
+use crate::destination::DeadLetter;
 use crate::wire;
 use lapin::Confirmation;
 use lapin::options::BasicPublishOptions;
@@ -20,10 +20,9 @@ use lapin::options::BasicPublishOptions;
 /// one probe per start.
 pub(super) async fn probe_dead_letter_route(
     connector: &Connector,
-    settings: &Settings,
+    broker: &str,
+    dl: &DeadLetter,
 ) -> Result<(), TopologyError> {
-    let dl = &settings.dead_letter;
-    let broker = &settings.inbound.broker;
     let mut headers = FieldTable::default();
     headers.insert(wire::PROBE.into(), AmqpValue::Boolean(true));
     let properties = lapin::BasicProperties::default()
