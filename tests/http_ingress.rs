@@ -484,3 +484,41 @@ async fn a_forwarder_fed_by_http_alone_consumes_nothing_and_serves_requests() {
     running.stop().await.unwrap_or_else(|e| panic!("{e}"));
     delete_all_with_prefix(&p).await;
 }
+
+#[tokio::test]
+async fn filters_see_the_method_and_path_and_put_means_post() {
+    let p = unique_prefix("http-method");
+    let broker = TestBroker::connect(&p).await;
+    let config = Forwarder::new(&p)
+        .endpoint(Endpoint::queue("puts", &format!("{p}.puts")))
+        .filter(
+            "put",
+            Filter::header("x-switchyard-http-method").set("equals", "PUT"),
+        )
+        .filter(
+            "v2",
+            Filter::header("x-switchyard-http-path").set("regex", "^/messages/v2\\."),
+        )
+        .filter("either", Filter::any_of(&["put", "v2"]))
+        .branch(Branch::new("puts", "either", "puts"))
+        .http(&[]);
+    let (running, client) = start(&config, &broker, &p).await;
+    let put = client.send("PUT", "/messages/orders", &[], b"by put").await;
+    assert_eq!(put.status, 202, "{}", put.text);
+    let post = client.post("/messages/orders", &[], b"by post").await;
+    assert_eq!(post.status, 404, "{}", post.text);
+    let v2 = client.post("/messages/v2.orders", &[], b"by path").await;
+    assert_eq!(v2.status, 202, "{}", v2.text);
+    let got = broker.get_all(&format!("{p}.puts")).await;
+    let bodies: Vec<String> = got.iter().map(|m| m.body_str()).collect();
+    assert_eq!(bodies, ["by put", "by path"]);
+    // The annotations are the forwarder's own: filters read them, copies do
+    // not carry them.
+    assert!(
+        got.iter()
+            .all(|m| m.header("x-switchyard-http-method").is_none())
+    );
+    assert_eq!(got[0].routing_key, format!("{p}.puts"));
+    running.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    delete_all_with_prefix(&p).await;
+}

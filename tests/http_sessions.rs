@@ -129,3 +129,60 @@ async fn sessions_over_http_reach_every_branch_whole_and_in_order() {
     running.stop().await.unwrap_or_else(|e| panic!("{e}"));
     delete_all_with_prefix(&p).await;
 }
+
+#[tokio::test]
+async fn a_session_past_its_limits_is_413_and_past_max_open_429() {
+    let p = unique_prefix("http-session-limits");
+    let broker = TestBroker::connect(&p).await;
+    let config = Forwarder::new(&p)
+        .match_all(&p)
+        .sessions(&[
+            ("max_open", Value::from(2u32)),
+            ("max_messages", Value::from(3u32)),
+        ])
+        .http(&[]);
+    let (listener, addr) = ingress_listener();
+    let options = Options {
+        http: Some(listener),
+        ..Options::default()
+    };
+    let running = InProcess::start_with(&config.toml(), options);
+    wait_consumers(&broker, &format!("{p}.in"), 1).await;
+    let client = Client::new(addr);
+    let send = |id: &'static str, body: &'static str| {
+        let client = client.clone();
+        async move {
+            client
+                .post("/messages/k", &[("session-id", id)], body.as_bytes())
+                .await
+        }
+    };
+    for i in 1..=3 {
+        let reply = send("big", ["b1", "b2", "b3"][i - 1]).await;
+        assert_eq!(reply.status, 202, "{}", reply.text);
+    }
+    let over = send("big", "b4").await;
+    assert_eq!(over.status, 413, "{}", over.text);
+    assert_eq!(send("big", "b5").await.status, 409, "the session is closed");
+    assert_eq!(send("one", "o1").await.status, 202);
+    assert_eq!(send("two", "t1").await.status, 202);
+    let full = send("three", "x1").await;
+    assert_eq!(full.status, 429, "{}", full.text);
+    assert_eq!(
+        full.headers.get("retry-after").map(String::as_str),
+        Some("1")
+    );
+    let bodies: Vec<String> = broker
+        .get_all(&format!("{p}.service"))
+        .await
+        .iter()
+        .map(|m| m.body_str())
+        .collect();
+    assert_eq!(
+        bodies,
+        ["b1", "b2", "b3", "o1", "t1"],
+        "nothing refused was published"
+    );
+    running.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    delete_all_with_prefix(&p).await;
+}
