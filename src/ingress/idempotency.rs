@@ -12,7 +12,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
-use tokio::sync::Notify;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 /// The remembered keys. Cheap to clone.
@@ -36,8 +36,9 @@ struct Record {
     delivered: Vec<String>,
     /// The answer of the try that completed it.
     complete: Option<Arc<str>>,
-    /// Set while a try runs; notified when it ends.
-    running: Option<Arc<Notify>>,
+    /// Set while a try runs; set to true when it ends. A waiter subscribes
+    /// under the lock, so it cannot miss the end.
+    running: Option<watch::Sender<bool>>,
     used: Instant,
 }
 
@@ -49,8 +50,9 @@ pub enum Begin {
     Complete(Arc<str>),
     /// The key was used for another request.
     Conflict,
-    /// A try with this key runs: wait for it, then begin again.
-    Wait(Arc<Notify>),
+    /// A try with this key runs: wait until this turns true (or its
+    /// sender is gone), then begin again.
+    Wait(watch::Receiver<bool>),
 }
 
 /// The right to finish one try of a key. Dropped without
@@ -85,12 +87,12 @@ impl Records {
                 return Begin::Conflict;
             }
             if let Some(running) = &record.running {
-                return Begin::Wait(running.clone());
+                return Begin::Wait(running.subscribe());
             }
             if let Some(answer) = &record.complete {
                 return Begin::Complete(answer.clone());
             }
-            record.running = Some(Arc::new(Notify::new()));
+            record.running = Some(watch::Sender::new(false));
             record.used = now;
             let skip = record.delivered.clone();
             inner.order.push_back((now, key.to_owned()));
@@ -102,7 +104,7 @@ impl Records {
                 digest,
                 delivered: Vec::new(),
                 complete: None,
-                running: Some(Arc::new(Notify::new())),
+                running: Some(watch::Sender::new(false)),
                 used: now,
             },
         );
@@ -171,7 +173,7 @@ impl Ticket {
         }
         record.complete = answer.or(record.complete.take());
         if let Some(running) = record.running.take() {
-            running.notify_waiters();
+            running.send_replace(true);
         }
         record.used = now;
         // A first try that confirmed nothing leaves nothing to remember.
@@ -211,9 +213,15 @@ mod tests {
         let records = Records::new(Duration::from_secs(600), 10);
         let (ticket, skip) = deliver(records.begin("k", digest("a")));
         assert!(skip.is_empty());
-        assert!(matches!(records.begin("k", digest("a")), Begin::Wait(_)));
+        let Begin::Wait(mut waiting) = records.begin("k", digest("a")) else {
+            panic!("a second try waits for the first");
+        };
         assert!(matches!(records.begin("k", digest("b")), Begin::Conflict));
         ticket.finish(&["logging".to_owned()], None);
+        assert!(
+            waiting.wait_for(|done| *done).await.is_ok(),
+            "told the first try ended"
+        );
         let (ticket, skip) = deliver(records.begin("k", digest("a")));
         assert_eq!(skip, ["logging"]);
         ticket.finish(&["service".to_owned()], Some("done".into()));

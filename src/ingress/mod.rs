@@ -136,9 +136,9 @@ impl Ingress {
                     Begin::Deliver(ticket, skip) => break (Some(ticket), skip),
                     Begin::Complete(body) => return (Answer::again(body), Some(message_id)),
                     Begin::Conflict => return (Answer::conflict(&message_id), Some(message_id)),
-                    Begin::Wait(running) => {
-                        let notified = running.notified();
-                        if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                    Begin::Wait(mut running) => {
+                        let ended = running.wait_for(|done| *done);
+                        if tokio::time::timeout_at(deadline, ended).await.is_err() {
                             return (Answer::timed_out(&message_id), Some(message_id));
                         }
                     }

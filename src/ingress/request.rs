@@ -180,7 +180,7 @@ pub async fn read_body(body: Incoming, max: u64, within: Duration) -> Result<Vec
         )),
         Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large(max)),
         Ok(Err(e)) => Err(Refused::bad(format!("the body could not be read: {e}"))),
-        Ok(Ok(collected)) => Ok(collected.to_bytes().to_vec()),
+        Ok(Ok(collected)) => Ok(collected.to_bytes().into()),
     }
 }
 

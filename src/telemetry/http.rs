@@ -23,7 +23,8 @@ impl Telemetry {
             .inc();
         metrics.http_seconds.observe(took.as_secs_f64());
         match code {
-            200..=299 => tracing::debug!(code, message_id, "HTTP request answered"),
+            // A flood past max_in_flight is counted, not logged request by request.
+            200..=299 | 429 => tracing::debug!(code, message_id, reason, "HTTP request answered"),
             500..=599 => tracing::warn!(code, message_id, reason, "HTTP request failed"),
             _ => tracing::info!(code, message_id, reason, "HTTP request refused"),
         }
