@@ -1,15 +1,18 @@
 //! The README's quick start, two-minute walkthrough and sessions
-//! walkthrough, run as a reader runs them: each `sh` block of those
-//! sections as written, through the real `rabbitmqadmin` and
-//! `rabbitmqctl`, from the repository's root, with the state the README
-//! states checked after each step. They run in both orders (the
-//! walkthrough before and after the sessions walkthrough), starting clean
-//! as the README says, so neither depends on the other.
+//! walkthrough, and the `curl` walkthrough of `docs/http-ingress.md`, run
+//! as a reader runs them: each `sh` block of those sections as written,
+//! through the real `rabbitmqadmin`, `rabbitmqctl` and `curl`, from the
+//! repository's root, with the state the documents state checked after
+//! each step. They run in several orders (the walkthrough before and after
+//! the others), starting clean as the README says, so none depends on
+//! another.
 //!
 //! They run on a private node with the management plugin. Small wrappers
 //! first on `PATH` point the tools at it and nothing else: `rabbitmqctl`
 //! gets `-n NODE`, `rabbitmqadmin` the node's management port, `switchyard`
-//! (the binary under test) the node's URI and a free admin port, and
+//! (the binary under test) the node's URI and free admin and HTTP ingress
+//! ports, `curl` connects to that ingress port whenever it is asked for
+//! the seed configuration's `127.0.0.1:8080`, and
 //! `cargo run --release -- ARGS` runs that `switchyard ARGS`.
 
 mod support;
@@ -28,13 +31,23 @@ const REPO: &str = env!("CARGO_MANIFEST_DIR");
 /// A step's effects, or a forwarder's start, may take this long.
 const STEP_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Where the seed configuration's HTTP ingress listens, as the documents
+/// write it.
+const SEED_INGRESS: &str = "127.0.0.1:8080";
+
 /// The `sh` blocks of the README section whose heading starts with `heading`.
 fn blocks(heading: &str) -> Vec<String> {
-    let readme = std::fs::read_to_string(Path::new(REPO).join("README.md"))
-        .unwrap_or_else(|e| panic!("README.md: {e}"));
+    blocks_in("README.md", heading)
+}
+
+/// The `sh` blocks of the section of `file` whose heading starts with
+/// `heading`.
+fn blocks_in(file: &str, heading: &str) -> Vec<String> {
+    let readme = std::fs::read_to_string(Path::new(REPO).join(file))
+        .unwrap_or_else(|e| panic!("{file}: {e}"));
     let start = readme
         .find(&format!("\n## {heading}"))
-        .unwrap_or_else(|| panic!("no section {heading:?} in README.md"));
+        .unwrap_or_else(|| panic!("no section {heading:?} in {file}"));
     let section = &readme[start + 1..];
     let section = &section[..section[3..].find("\n## ").map_or(section.len(), |i| i + 3)];
     let mut blocks = Vec::new();
@@ -93,10 +106,13 @@ impl Tour {
         let bin =
             std::env::temp_dir().join(format!("{}-bin", support::unique_prefix("walkthrough")));
         std::fs::create_dir_all(&bin).unwrap_or_else(|e| panic!("{}: {e}", bin.display()));
-        let admin_port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .unwrap_or_else(|e| panic!("a free port: {e}"))
-            .port();
+        let free_port = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .unwrap_or_else(|e| panic!("a free port: {e}"))
+                .port()
+        };
+        let (admin_port, http_port) = (free_port(), free_port());
         let wrappers = [
             (
                 "rabbitmqctl",
@@ -119,9 +135,17 @@ impl Tour {
                 format!(
                     "export SWITCHYARD__BROKERS__MAIN__URI={}\n\
                      export SWITCHYARD__ADMIN__LISTEN=127.0.0.1:{admin_port}\n\
+                     export SWITCHYARD__INGRESS__HTTP__LISTEN=127.0.0.1:{http_port}\n\
                      exec {} \"$@\"",
                     node.amqp_url(),
                     Process::binary()
+                ),
+            ),
+            (
+                "curl",
+                format!(
+                    "exec {} --connect-to {SEED_INGRESS}:127.0.0.1:{http_port} \"$@\"",
+                    real("curl").display()
                 ),
             ),
             (
@@ -345,12 +369,17 @@ async fn quick_start(tour: &mut Tour) {
     let b = blocks("Quick start");
     assert_eq!(b.len(), 4, "start, publish, start clean, check: {b:?}");
     tour.start_forwarder(&b[0]).await;
-    tour.step(&b[1]);
+    let answer = tour.step(&b[1]);
+    assert!(
+        answer.contains(r#""delivered":["service","logging"]"#)
+            && answer.contains(r#""outcome":"accepted""#),
+        "the curl line's answer: {answer}"
+    );
     tour.await_queues(
-        "one message in each branch's primary",
+        "two messages, one from the queue and one over HTTP, in each branch's primary",
         &[
-            ("service.primary", Some((1, 0))),
-            ("logging.primary", Some((1, 0))),
+            ("service.primary", Some((2, 0))),
+            ("logging.primary", Some((2, 0))),
             ("work.in", Some((0, 0))),
             ("service.backup", Some((0, 0))),
             ("logging.backup", Some((0, 0))),
@@ -361,7 +390,9 @@ async fn quick_start(tour: &mut Tour) {
     start_clean(tour).await;
     let summary = tour.step(&b[3]);
     assert!(
-        summary.contains(": ok") && summary.contains("sessions: off"),
+        summary.contains(": ok")
+            && summary.contains("sessions: off")
+            && summary.contains("http ingress: http://127.0.0.1:"),
         "{summary}"
     );
 }
@@ -504,11 +535,158 @@ async fn sessions_walkthrough(tour: &mut Tour) {
     start_clean(tour).await;
 }
 
+/// `curl -si` printed `status` (the status line) and each of `needles`.
+fn assert_answer(step: &str, out: &str, status: &str, needles: &[&str]) {
+    assert!(
+        out.contains(&format!("HTTP/1.1 {status}")),
+        "{step}: the answer is {status}:\n{out}"
+    );
+    for needle in needles {
+        assert!(
+            out.contains(needle),
+            "{step}: the answer has {needle}:\n{out}"
+        );
+    }
+}
+
+/// The `curl` walkthrough of `docs/http-ingress.md`, from a clean start to
+/// a clean start.
+async fn http_walkthrough(tour: &mut Tour) {
+    let b = blocks_in("docs/http-ingress.md", "A walkthrough with curl");
+    assert_eq!(b.len(), 6, "six steps: {b:?}");
+    tour.start_forwarder(&b[0]).await;
+    let log = tour.log();
+    assert!(log.contains("HTTP ingress listening"), "1.:\n{log}");
+
+    let out = tour.step(&b[1]);
+    assert_answer(
+        "2. a message over HTTP",
+        &out,
+        "202 Accepted",
+        &[
+            r#""delivered":["service","logging"]"#,
+            r#""message_id":"order-41""#,
+        ],
+    );
+    tour.await_queues(
+        "2. a copy in each branch's primary",
+        &[
+            ("service.primary", Some((1, 0))),
+            ("logging.primary", Some((1, 0))),
+            ("work.in", Some((0, 0))),
+        ],
+    )
+    .await;
+
+    let out = tour.step(&b[2]);
+    let copies: Vec<Value> = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let [copy] = copies.as_slice() else {
+        panic!("3. one copy in service.primary: {out}");
+    };
+    let properties = &copy["properties"];
+    assert_eq!(copy["payload"], "{\"order\": 41}", "3.: {out}");
+    assert_eq!(properties["message_id"], "order-41", "3.: {out}");
+    assert_eq!(properties["content_type"], "application/json", "3.: {out}");
+    assert_eq!(properties["delivery_mode"], 2, "3.: {out}");
+    assert!(properties["timestamp"].is_u64(), "3.: {out}");
+    let headers = properties["headers"]
+        .as_object()
+        .unwrap_or_else(|| panic!("3. the copy has headers: {out}"));
+    assert_eq!(
+        headers["x-switchyard-copy-id"], "service:order-41",
+        "3.: {out}"
+    );
+    assert!(
+        !headers.keys().any(|k| k.starts_with("x-switchyard-http")),
+        "3. the forwarder's own request headers are not on the copy: {out}"
+    );
+
+    let out = tour.step(&b[3]);
+    assert_answer(
+        "4. the service branch broken",
+        &out,
+        "502 Bad Gateway",
+        &[
+            r#""delivered":["logging"]"#,
+            r#""branch":"service""#,
+            r#""endpoint":"backupServiceQueue""#,
+            "NO_ROUTE",
+        ],
+    );
+    tour.await_queues(
+        "4. logging has its copy, nothing dead-lettered",
+        &[
+            ("service.primary", None),
+            ("service.backup", None),
+            ("logging.primary", Some((2, 0))),
+            ("work.dlq", Some((0, 0))),
+        ],
+    )
+    .await;
+    let log = tour.log();
+    for line in [
+        "failover",
+        "backup list exhausted",
+        "HTTP request failed",
+        "code=502",
+    ] {
+        assert!(log.contains(line), "4. the log has {line:?}:\n{log}");
+    }
+
+    let out = tour.step(&b[4]);
+    assert_answer(
+        "5. the retry after the fix",
+        &out,
+        "202 Accepted",
+        &[r#""delivered":["logging","service"]"#],
+    );
+    tour.await_queues(
+        "5. only the service copy sent",
+        &[
+            ("service.primary", Some((1, 0))),
+            ("service.backup", Some((0, 0))),
+            ("logging.primary", Some((2, 0))),
+            ("work.dlq", Some((0, 0))),
+        ],
+    )
+    .await;
+    assert_eq!(
+        tour.peek("service.primary"),
+        [("{\"order\": 42}".to_owned(), false)]
+    );
+
+    let out = tour.step(&b[5]);
+    assert_answer(
+        "6. the retries",
+        &out,
+        "200 OK",
+        &[r#""delivered":["logging","service"]"#],
+    );
+    assert_answer(
+        "6. another body",
+        &out,
+        "409 Conflict",
+        &[r#""outcome":"conflict""#],
+    );
+    tour.await_queues(
+        "6. nothing sent again",
+        &[
+            ("service.primary", Some((1, 0))),
+            ("logging.primary", Some((2, 0))),
+            ("work.dlq", Some((0, 0))),
+        ],
+    )
+    .await;
+    tour.stop_forwarder().await;
+    start_clean(tour).await;
+}
+
 #[tokio::test]
-async fn the_readme_walkthroughs_run_as_written_in_either_order() {
+async fn the_walkthroughs_run_as_written_in_any_order() {
     let mut tour = Tour::start().await;
     quick_start(&mut tour).await;
     walkthrough(&mut tour).await;
+    http_walkthrough(&mut tour).await;
     sessions_walkthrough(&mut tour).await;
     walkthrough(&mut tour).await;
     tour.finish().await;
