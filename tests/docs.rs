@@ -1,8 +1,9 @@
 //! The documentation in the repository stands alone and stays true to the
 //! code: every configuration key of `src/config/raw.rs` has a row in
 //! `docs/configuration.md` (and no row names a key that does not exist), the
-//! examples there load, and the Markdown files link only to files and
-//! headings the repository has. No broker needed.
+//! examples there and in `docs/http-ingress.md` load, every status the HTTP
+//! ingress answers has its row there, and the Markdown files link only to
+//! files and headings the repository has. No broker needed.
 
 use regex::Regex;
 use std::collections::{BTreeMap, BTreeSet};
@@ -10,6 +11,7 @@ use std::path::{Path, PathBuf};
 use switchyard::config::load_str;
 
 const CONFIGURATION: &str = "docs/configuration.md";
+const HTTP_INGRESS: &str = "docs/http-ingress.md";
 
 /// The Markdown a reader of a clone can open.
 const MARKDOWN: &[&str] = &[
@@ -17,6 +19,7 @@ const MARKDOWN: &[&str] = &[
     "docs/configuration.md",
     "docs/operations.md",
     "docs/guarantees.md",
+    "docs/http-ingress.md",
     "docker/README.md",
     "bench/README.md",
     "BENCHMARKS.md",
@@ -128,6 +131,7 @@ fn every_configuration_key_is_documented_and_every_documented_key_exists() {
         ("RawFilterEntry", "`[[filter_table]]`"),
         ("RawSessions", "`[sessions]`"),
         ("RawAdmin", "`[admin]`"),
+        ("RawHttpIngress", "`[ingress.http]`"),
     ];
     // A filter is one struct per kind, and `type`, which picks the kind.
     let filter_kinds: Vec<&String> = structs
@@ -165,11 +169,25 @@ fn every_configuration_key_is_documented_and_every_documented_key_exists() {
         checked.insert(name);
     }
 
+    // `[ingress]` holds one table per kind of ingress, each with a section.
+    for (key, _) in structs.get("RawIngress").expect("raw.rs has RawIngress") {
+        let marker = format!("[ingress.{key}]");
+        assert!(
+            headings.iter().any(|h| h.contains(&marker)),
+            "{CONFIGURATION} has no section for {marker}"
+        );
+    }
+    checked.insert("RawIngress");
+
     // The top level: scalar keys have rows, tables have sections.
     let top = structs.get("RawConfig").expect("raw.rs has RawConfig");
     let documented = documented_keys(&section(&doc, "Top level"));
     let mut scalars = BTreeSet::new();
     for (key, ty) in top {
+        let ty = ty
+            .strip_prefix("Option<")
+            .and_then(|t| t.strip_suffix('>'))
+            .unwrap_or(ty);
         let table = ty.starts_with("Raw") || ty.starts_with("BTreeMap") || ty.starts_with("Vec");
         if table {
             let marker = format!("[{key}");
@@ -211,6 +229,95 @@ fn the_full_example_is_valid() {
     assert_eq!(settings.endpoints.len(), 7);
     assert_eq!(settings.brokers.len(), 2);
     assert!(settings.admin_listen.is_some());
+    assert!(
+        settings.http.is_some(),
+        "the full example has an HTTP ingress"
+    );
+}
+
+/// The seed configuration without its own `[ingress.http]` table (the
+/// last table of the file), for examples of that table to stand in.
+fn seed_without_ingress() -> String {
+    let seed = read("config/switchyard.toml");
+    let at = seed
+        .find("\n[ingress.http]")
+        .expect("the seed configuration has an [ingress.http] table");
+    assert!(
+        !seed[at + 1..].contains("\n["),
+        "[ingress.http] is the seed configuration's last table"
+    );
+    seed[..at + 1].to_owned()
+}
+
+#[test]
+fn every_ingress_example_loads() {
+    let base = seed_without_ingress();
+    let mut examples = toml_blocks(&section(&read(CONFIGURATION), "`[ingress.http]`"));
+    examples.extend(toml_blocks(&read(HTTP_INGRESS)));
+    assert!(examples.len() >= 2, "examples: {examples:?}");
+    for example in &examples {
+        // A whole configuration stands alone; a table joins the seed's.
+        let toml = if example.contains("[brokers.") {
+            example.clone()
+        } else {
+            format!("{base}\n{example}")
+        };
+        let settings = load_str(&toml, "example.toml")
+            .unwrap_or_else(|e| panic!("{e}\nin the example:\n{example}"));
+        if example.contains("[ingress.http]") {
+            assert!(settings.http.is_some(), "{example}");
+        }
+        if !example.contains("[inbound]") && example.contains("[brokers.") {
+            assert!(settings.queue().is_none(), "HTTP alone: {example}");
+        }
+    }
+}
+
+/// `(code, outcome)` of every status `src/ingress/answer.rs` names in its
+/// `outcome` words.
+fn answered_statuses() -> Vec<(u16, String)> {
+    let source = read("src/ingress/answer.rs");
+    let arm = Regex::new(r#"(?m)^\s*((?:\d{3}(?: \| )?)+) => "([a-z-]+)","#).unwrap();
+    let mut out = Vec::new();
+    for c in arm.captures_iter(&source) {
+        for code in c[1].split(" | ") {
+            out.push((code.trim().parse().unwrap(), c[2].to_owned()));
+        }
+    }
+    out
+}
+
+#[test]
+fn every_status_the_ingress_answers_has_its_row() {
+    let doc = read(HTTP_INGRESS);
+    let table = section(&doc, "Answers");
+    let statuses = answered_statuses();
+    assert!(
+        statuses.len() >= 14,
+        "statuses read from answer.rs: {statuses:?}"
+    );
+    let row = Regex::new(r"(?m)^\| `(\d{3}) [A-Za-z ]+` \| ([^|]+) \|").unwrap();
+    let rows: BTreeMap<u16, String> = row
+        .captures_iter(&table)
+        .map(|c| (c[1].parse().unwrap(), c[2].trim().to_owned()))
+        .collect();
+    for (code, outcome) in &statuses {
+        let Some(documented) = rows.get(code) else {
+            panic!("{HTTP_INGRESS}: no row for status {code} in \"## Answers\"");
+        };
+        // A 431 is answered before a request is read, without a body.
+        assert!(
+            *documented == format!("`{outcome}`") || (*code == 431 && documented == "—"),
+            "{HTTP_INGRESS}: status {code} has outcome `{outcome}`, the row says {documented}"
+        );
+    }
+    let answered: BTreeSet<u16> = statuses.iter().map(|(c, _)| *c).collect();
+    for code in rows.keys() {
+        assert!(
+            answered.contains(code),
+            "{HTTP_INGRESS}: a row for {code}, which the ingress never answers"
+        );
+    }
 }
 
 #[test]
