@@ -4,8 +4,10 @@
 //! compose gives it and points at the compose RabbitMQ with its
 //! credentials; its admin port is the one compose publishes, Prometheus
 //! scrapes, the image exposes and its `HEALTHCHECK` probes on `/healthz`;
-//! and every command line in the files uses subcommands and flags the real
-//! binary's `--help` lists. No broker needed.
+//! its HTTP ingress listens on every interface on a port compose publishes
+//! and the image exposes, with a token from compose's environment and none
+//! in the file; and every command line in the files uses subcommands and
+//! flags the real binary's `--help` lists. No broker needed.
 
 use serde_norway::Value;
 use std::collections::BTreeMap;
@@ -15,6 +17,8 @@ use std::process::Command;
 use switchyard::config::{Settings, load_str};
 
 const BIN: &str = env!("CARGO_BIN_EXE_switchyard");
+/// The variable that gives the HTTP ingress its bearer tokens.
+const TOKENS_VAR: &str = "SWITCHYARD__INGRESS__HTTP__TOKENS";
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -263,6 +267,40 @@ fn check(config: &Path, env: &BTreeMap<String, String>) -> String {
     stdout
 }
 
+/// Runs the real `switchyard check` on `config` with exactly `env`, which
+/// must refuse it (exit 2); returns its stderr.
+fn check_refused(config: &Path, env: &BTreeMap<String, String>) -> String {
+    let out = Command::new(BIN)
+        .arg("check")
+        .arg("--config")
+        .arg(config)
+        .env_clear()
+        .envs(env)
+        .output()
+        .unwrap_or_else(|e| panic!("{BIN}: {e}"));
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "switchyard check --config {} with {env:?} must refuse it: {stderr}",
+        config.display()
+    );
+    stderr
+}
+
+/// The configuration text with the tokens `env` gives the HTTP ingress
+/// written into its table, as the override does at run time (the tests
+/// load the file without the process environment).
+fn with_tokens(toml: &str, env: &BTreeMap<String, String>) -> String {
+    match env.get(TOKENS_VAR) {
+        Some(tokens) if toml.contains("\n[ingress.http]\n") => toml.replace(
+            "\n[ingress.http]\n",
+            &format!("\n[ingress.http]\ntokens = {tokens:?}\n"),
+        ),
+        _ => toml.to_owned(),
+    }
+}
+
 /// (user, password, host, port) of an `amqp://` URI.
 fn uri_parts(uri: &str) -> (String, String, String, u16) {
     let rest = uri
@@ -323,8 +361,11 @@ fn switchyard_service(
         .get(&in_container)
         .cloned()
         .unwrap_or_else(|| panic!("compose.yaml mounts nothing at {in_container}"));
-    let settings =
-        load_str(&read(&host), &host.display().to_string()).unwrap_or_else(|e| panic!("{e}"));
+    let settings = load_str(
+        &with_tokens(&read(&host), &env),
+        &host.display().to_string(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     (argv, host, env, settings)
 }
 
@@ -412,7 +453,67 @@ fn the_mounted_configuration_is_valid_and_reaches_the_compose_broker() {
         mounts(stack.service("switchyard")).contains_key(target),
         "compose mounts its configuration over the image's {target}"
     );
-    check(&root().join("docker/switchyard.toml"), &BTreeMap::new());
+    // Valid once given a token, as `docker run -e` gives it.
+    let token = BTreeMap::from([(TOKENS_VAR.to_owned(), "t0ken".to_owned())]);
+    check(&root().join("docker/switchyard.toml"), &token);
+}
+
+#[test]
+fn the_ingress_is_published_exposed_and_takes_its_token_from_the_environment() {
+    let stack = Stack::load();
+    let image = dockerfile();
+    let (_, host_config, env, settings) = switchyard_service(&stack, &image);
+    let http = settings
+        .http
+        .as_ref()
+        .expect("the compose configuration has an [ingress.http]");
+    let listen = match env.get("SWITCHYARD__INGRESS__HTTP__LISTEN") {
+        Some(addr) => addr.parse().unwrap_or_else(|e| panic!("{addr}: {e}")),
+        None => http.listen,
+    };
+    assert!(
+        listen.ip().is_unspecified(),
+        "in a container the ingress must accept other containers and the host: {listen}"
+    );
+    let port = listen.port();
+    let published = ports(stack.service("switchyard"));
+    assert!(
+        published.iter().any(|(_, container)| *container == port),
+        "compose publishes the ingress port {port}: {published:?}"
+    );
+    let exposed = instructions(&image, "EXPOSE");
+    assert!(
+        exposed
+            .iter()
+            .any(|e| e.split_whitespace().any(|p| p == port.to_string())),
+        "the Dockerfile exposes {port}: {exposed:?}"
+    );
+
+    // The token comes from compose, through a variable the user can set,
+    // and the file holds none: without the variable it is refused.
+    let raw = stack
+        .service("switchyard")
+        .get("environment")
+        .and_then(|e| e.get(TOKENS_VAR))
+        .map(text)
+        .unwrap_or_else(|| panic!("compose sets {TOKENS_VAR}"));
+    assert!(
+        raw.starts_with("${") && raw.contains(":-"),
+        "{TOKENS_VAR} comes from a variable with a default: {raw}"
+    );
+    assert!(
+        !http.tokens.is_empty(),
+        "compose gives the ingress a token: {env:?}"
+    );
+    let mut without = env.clone();
+    without.remove(TOKENS_VAR);
+    for config in [host_config, root().join("docker/switchyard.toml")] {
+        let refused = check_refused(&config, &without);
+        assert!(
+            refused.contains("ingress.http.listen") && refused.contains(TOKENS_VAR),
+            "without a token an open ingress is refused, naming the variable: {refused}"
+        );
+    }
 }
 
 #[test]
