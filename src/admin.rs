@@ -116,27 +116,10 @@ impl Admin {
         telemetry.admin_listening(self.addr);
         let connections = TaskTracker::new();
         let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-        loop {
-            let slot = tokio::select! {
-                () = stop.cancelled() => break,
-                slot = slots.clone().acquire_owned() => match slot {
-                    Ok(slot) => slot,
-                    Err(_) => break,
-                },
-            };
-            let accepted = tokio::select! {
-                () = stop.cancelled() => break,
-                accepted = self.listener.accept() => accepted,
-            };
-            let stream = match accepted {
-                Ok((stream, _)) => stream,
-                Err(e) => {
-                    // Out of descriptors, most likely: pause rather than spin.
-                    telemetry.admin_connection_failed(&e);
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
+        let failed = |e: &std::io::Error| telemetry.admin_connection_failed(e);
+        while let Some((stream, slot)) =
+            crate::listen::accept_within(&self.listener, &slots, &stop, failed).await
+        {
             let (telemetry, readiness, stop) = (telemetry.clone(), readiness.clone(), stop.clone());
             connections.spawn(async move {
                 let _slot = slot;

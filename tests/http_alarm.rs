@@ -6,8 +6,7 @@ mod support;
 
 use std::time::Duration;
 use support::config::{Forwarder, Value};
-use support::harness::{InProcess, wait_consumers};
-use support::ingress::{Client, ingress_listener};
+use support::ingress::start_ingress;
 use support::{DEFAULT_TIMEOUT, PrivateNode, TestBroker, unique_prefix, wait_for, wait_until};
 use switchyard::Options;
 
@@ -19,14 +18,9 @@ async fn a_memory_alarm_is_503_and_every_request_retried_after_it_is_delivered()
     let config = Forwarder::at(&node.amqp_url(), &p)
         .seed(&p)
         .http(&[("request_timeout_ms", Value::from(2000u32))]);
-    let (listener, addr) = ingress_listener();
-    let options = Options {
-        http: Some(listener),
-        ..Options::default()
-    };
-    let running = InProcess::start_with(&config.toml(), options);
-    wait_consumers(&broker, &format!("{p}.in"), 1).await;
-    let client = Client::new(addr);
+    let inbound = format!("{p}.in");
+    let (running, client) =
+        start_ingress(&config, Options::default(), Some((&broker, &inbound))).await;
     let first = client
         .post("/messages/k", &[("idempotency-key", "k-0")], b"k-0")
         .await;

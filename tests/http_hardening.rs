@@ -11,8 +11,8 @@ use rcgen::{
 };
 use std::time::Duration;
 use support::config::{Forwarder, Value};
-use support::harness::{InProcess, wait_consumers};
-use support::ingress::{Client, ingress_listener};
+use support::harness::InProcess;
+use support::ingress::{Client, start_ingress};
 use support::{DEFAULT_TIMEOUT, TestBroker, delete_all_with_prefix, unique_prefix};
 use switchyard::Options;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -24,14 +24,10 @@ async fn start(
     broker: &TestBroker,
     p: &str,
 ) -> (InProcess, std::net::SocketAddr) {
-    let (listener, addr) = ingress_listener();
-    let options = Options {
-        http: Some(listener),
-        ..Options::default()
-    };
-    let running = InProcess::start_with(&config.toml(), options);
-    wait_consumers(broker, &format!("{p}.in"), 1).await;
-    (running, addr)
+    let inbound = format!("{p}.in");
+    let (running, client) =
+        start_ingress(config, Options::default(), Some((broker, &inbound))).await;
+    (running, client.addr())
 }
 
 /// Everything the server sends on `stream` until it closes it (or

@@ -8,21 +8,15 @@ mod support;
 
 use support::config::{Branch, Endpoint, Filter, Forwarder, Value};
 use support::harness::InProcess;
-use support::ingress::{Client, Reply, ingress_listener};
+use support::ingress::{Client, Reply, start_ingress};
 use support::{DEFAULT_TIMEOUT, TestBroker, delete_all_with_prefix, unique_prefix, wait_until};
 use switchyard::Options;
 
 /// Starts `config` with an ingress on a fresh loopback port and waits
 /// until it consumes (its topology is prepared).
 async fn start(config: &Forwarder, broker: &TestBroker, p: &str) -> (InProcess, Client) {
-    let (listener, addr) = ingress_listener();
-    let options = Options {
-        http: Some(listener),
-        ..Options::default()
-    };
-    let running = InProcess::start_with(&config.toml(), options);
-    support::harness::wait_consumers(broker, &format!("{p}.in"), 1).await;
-    (running, Client::new(addr))
+    let inbound = format!("{p}.in");
+    start_ingress(config, Options::default(), Some((broker, &inbound))).await
 }
 
 /// A path, its request headers, the status expected and the branches delivered.
@@ -456,21 +450,19 @@ async fn a_forwarder_fed_by_http_alone_consumes_nothing_and_serves_requests() {
         !toml.contains("[inbound]") && !toml.contains("[dead_letter]"),
         "{toml}"
     );
-    let (listener, addr) = ingress_listener();
     let admin = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
     let admin_addr = admin.local_addr().unwrap_or_else(|e| panic!("{e}"));
     let options = Options {
-        http: Some(listener),
         admin: Some(admin),
         ..Options::default()
     };
-    let running = InProcess::start_with(&toml, options);
+    let (running, client) = start_ingress(&config, options, None).await;
     support::wait_for("ready", DEFAULT_TIMEOUT, || async {
         let reply = support::http_get(admin_addr, "/readyz").await.ok()?;
         (reply.status == 200).then_some(())
     })
     .await;
-    let reply = Client::new(addr).post("/messages/k", &[], b"alone").await;
+    let reply = client.post("/messages/k", &[], b"alone").await;
     assert_eq!(reply.status, 202, "{}", reply.text);
     assert_eq!(reply.names("delivered"), ["logging", "service"]);
     assert_eq!(

@@ -6,8 +6,7 @@ mod support;
 
 use lapin::types::AMQPValue;
 use support::config::{Branch, Endpoint, Filter, Forwarder, Value};
-use support::harness::{InProcess, wait_consumers};
-use support::ingress::{Client, ingress_listener};
+use support::ingress::{Client, start_ingress};
 use support::{TestBroker, amqp_str, delete_all_with_prefix, field_table, unique_prefix};
 use switchyard::Options;
 
@@ -66,14 +65,9 @@ async fn sessions_over_http_reach_every_branch_whole_and_in_order() {
             ("max_messages", Value::from(20u32)),
         ])
         .http(&[]);
-    let (listener, addr) = ingress_listener();
-    let options = Options {
-        http: Some(listener),
-        ..Options::default()
-    };
-    let running = InProcess::start_with(&config.toml(), options);
-    wait_consumers(&broker, &format!("{p}.in"), 1).await;
-    let client = Client::new(addr);
+    let inbound = format!("{p}.in");
+    let (running, client) =
+        start_ingress(&config, Options::default(), Some((&broker, &inbound))).await;
 
     let a = tokio::spawn(send_session(client.clone(), "A"));
     let b = tokio::spawn(send_session(client.clone(), "B"));
@@ -141,14 +135,9 @@ async fn a_session_past_its_limits_is_413_and_past_max_open_429() {
             ("max_messages", Value::from(3u32)),
         ])
         .http(&[]);
-    let (listener, addr) = ingress_listener();
-    let options = Options {
-        http: Some(listener),
-        ..Options::default()
-    };
-    let running = InProcess::start_with(&config.toml(), options);
-    wait_consumers(&broker, &format!("{p}.in"), 1).await;
-    let client = Client::new(addr);
+    let inbound = format!("{p}.in");
+    let (running, client) =
+        start_ingress(&config, Options::default(), Some((&broker, &inbound))).await;
     let send = |id: &'static str, body: &'static str| {
         let client = client.clone();
         async move {

@@ -88,26 +88,10 @@ impl Listener {
         let config = &ingress.config;
         let connections = TaskTracker::new();
         let slots = Arc::new(tokio::sync::Semaphore::new(config.max_connections));
-        loop {
-            let slot = tokio::select! {
-                () = stop.cancelled() => break,
-                slot = slots.clone().acquire_owned() => match slot {
-                    Ok(slot) => slot,
-                    Err(_) => break,
-                },
-            };
-            let accepted = tokio::select! {
-                () = stop.cancelled() => break,
-                accepted = self.listener.accept() => accepted,
-            };
-            let stream = match accepted {
-                Ok((stream, _)) => stream,
-                Err(e) => {
-                    telemetry.http_accept_failed(&e);
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
+        let failed = |e: &std::io::Error| telemetry.http_accept_failed(e);
+        while let Some((stream, slot)) =
+            crate::listen::accept_within(&self.listener, &slots, &stop, failed).await
+        {
             let _ = stream.set_nodelay(true);
             let (ingress, stop, tls) = (ingress.clone(), stop.clone(), self.tls.clone());
             connections.spawn(async move {

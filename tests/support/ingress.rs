@@ -2,6 +2,9 @@
 //! and hyper's own HTTP/1.1 client connection, over TCP or TLS, sending
 //! one request per connection.
 
+use super::TestBroker;
+use super::config::Forwarder;
+use super::harness::{InProcess, wait_consumers};
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper::body::Bytes;
@@ -20,6 +23,26 @@ pub fn ingress_listener() -> (std::net::TcpListener, SocketAddr) {
         .local_addr()
         .unwrap_or_else(|e| panic!("ingress addr: {e}"));
     (listener, addr)
+}
+
+/// Starts `config` in this process with its ingress on a fresh loopback
+/// port and `options` otherwise, and waits until it consumes `inbound` on
+/// `broker` (its topology is prepared then) when given.
+pub async fn start_ingress(
+    config: &Forwarder,
+    options: switchyard::Options,
+    inbound: Option<(&TestBroker, &str)>,
+) -> (InProcess, Client) {
+    let (listener, addr) = ingress_listener();
+    let options = switchyard::Options {
+        http: Some(listener),
+        ..options
+    };
+    let running = InProcess::start_with(&config.toml(), options);
+    if let Some((broker, queue)) = inbound {
+        wait_consumers(broker, queue, 1).await;
+    }
+    (running, Client::new(addr))
 }
 
 /// An answer: status, headers (lower-case names), body as text and, when
@@ -63,6 +86,11 @@ impl Client {
     /// Plain HTTP to `addr`.
     pub fn new(addr: SocketAddr) -> Self {
         Self { addr, tls: None }
+    }
+
+    /// The address it sends to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
     }
 
     /// HTTPS to `addr`, trusting the CA certificates in `ca_pem` and
