@@ -12,8 +12,8 @@ use rcgen::{
 use std::time::Duration;
 use support::config::{Forwarder, Value};
 use support::harness::InProcess;
-use support::ingress::{Client, start_ingress};
-use support::{DEFAULT_TIMEOUT, TestBroker, delete_all_with_prefix, unique_prefix};
+use support::ingress::{Client, start_ingress, stop_clean};
+use support::{DEFAULT_TIMEOUT, TestBroker, unique_prefix};
 use switchyard::Options;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -148,8 +148,7 @@ async fn slow_oversized_and_idle_clients_are_cut_off_and_forwarding_goes_on() {
     }
     assert_eq!(closed, 50, "idle connections are closed by the server");
     drop(idle);
-    running.stop().await.unwrap_or_else(|e| panic!("{e}"));
-    delete_all_with_prefix(&p).await;
+    stop_clean(running, &broker, &p).await;
 }
 
 /// A CA and a certificate for `localhost` and 127.0.0.1 signed by it, as
@@ -225,7 +224,6 @@ async fn a_tls_listener_serves_https_and_refuses_plain_http() {
         1,
         "nothing more published"
     );
-    running.stop().await.unwrap_or_else(|e| panic!("{e}"));
     let _ = std::fs::remove_dir_all(&dir);
-    delete_all_with_prefix(&p).await;
+    stop_clean(running, &broker, &p).await;
 }

@@ -8,8 +8,8 @@ mod support;
 
 use support::config::{Branch, Endpoint, Filter, Forwarder, Value};
 use support::harness::InProcess;
-use support::ingress::{Client, Reply, start_ingress};
-use support::{DEFAULT_TIMEOUT, TestBroker, delete_all_with_prefix, unique_prefix, wait_until};
+use support::ingress::{Client, Reply, start_ingress, stop_clean};
+use support::{DEFAULT_TIMEOUT, TestBroker, unique_prefix, wait_until};
 use switchyard::Options;
 
 /// Starts `config` with an ingress on a fresh loopback port and waits
@@ -119,8 +119,7 @@ async fn a_request_is_one_confirmed_copy_per_branch_byte_for_byte() {
         metrics.contains("switchyard_http_request_seconds_count 2"),
         "{metrics}"
     );
-    running.stop().await.unwrap_or_else(|e| panic!("{e}"));
-    delete_all_with_prefix(&p).await;
+    stop_clean(running, &broker, &p).await;
 }
 
 #[tokio::test]
@@ -151,13 +150,7 @@ async fn the_path_and_forwarded_headers_route_and_no_route_is_404() {
     }
     assert_eq!(queue_bodies(&broker, &format!("{p}.orders")).await.len(), 2);
     assert_eq!(queue_bodies(&broker, &format!("{p}.audit")).await.len(), 2);
-    assert_eq!(
-        broker.queue_len(&format!("{p}.dlq")).await,
-        0,
-        "never dead-lettered"
-    );
-    running.stop().await.unwrap_or_else(|e| panic!("{e}"));
-    delete_all_with_prefix(&p).await;
+    stop_clean(running, &broker, &p).await;
 }
 
 #[tokio::test]
@@ -229,8 +222,7 @@ async fn refused_requests_publish_nothing_and_say_why() {
     let ok = client.post("/messages/k", &[auth], order).await;
     assert_eq!(ok.status, 202, "{}", ok.text);
     assert_eq!(broker.queue_len(&format!("{p}.service")).await, 1);
-    running.stop().await.unwrap_or_else(|e| panic!("{e}"));
-    delete_all_with_prefix(&p).await;
+    stop_clean(running, &broker, &p).await;
 }
 
 #[tokio::test]
@@ -275,13 +267,7 @@ async fn a_retry_after_a_502_reaches_only_the_failed_branch() {
         [b"work".to_vec()],
         "the retries sent logging nothing"
     );
-    assert_eq!(
-        broker.queue_len(&format!("{p}.dlq")).await,
-        0,
-        "never dead-lettered"
-    );
-    running.stop().await.unwrap_or_else(|e| panic!("{e}"));
-    delete_all_with_prefix(&p).await;
+    stop_clean(running, &broker, &p).await;
 }
 
 #[tokio::test]
@@ -320,8 +306,7 @@ async fn an_unreachable_broker_is_503_with_retry_after_and_never_a_dead_letter()
     assert_eq!(retried.status, 503, "{}", retried.text);
     assert_eq!(broker.queue_len(&format!("{p}.logging")).await, 1);
     assert_eq!(broker.queue_len(&format!("{p}.dlq")).await, 0);
-    running.stop().await.unwrap_or_else(|e| panic!("{e}"));
-    delete_all_with_prefix(&p).await;
+    stop_clean(running, &broker, &p).await;
 }
 
 /// The first request holds the only in-flight slot while its endpoint's
@@ -395,8 +380,7 @@ async fn past_max_in_flight_is_429_and_a_stalled_broker_is_504() {
         bodies.iter().filter(|b| b.as_slice() == b"extra").count(),
         0
     );
-    running.stop().await.unwrap_or_else(|e| panic!("{e}"));
-    delete_all_with_prefix(&p).await;
+    stop_clean(running, &broker, &p).await;
 }
 
 #[tokio::test]
@@ -473,8 +457,7 @@ async fn a_forwarder_fed_by_http_alone_consumes_nothing_and_serves_requests() {
         !broker.queue_exists(&format!("{p}.in")).await,
         "no inbound queue is declared"
     );
-    running.stop().await.unwrap_or_else(|e| panic!("{e}"));
-    delete_all_with_prefix(&p).await;
+    stop_clean(running, &broker, &p).await;
 }
 
 #[tokio::test]
@@ -511,6 +494,5 @@ async fn filters_see_the_method_and_path_and_put_means_post() {
             .all(|m| m.header("x-switchyard-http-method").is_none())
     );
     assert_eq!(got[0].routing_key, format!("{p}.puts"));
-    running.stop().await.unwrap_or_else(|e| panic!("{e}"));
-    delete_all_with_prefix(&p).await;
+    stop_clean(running, &broker, &p).await;
 }

@@ -6,8 +6,8 @@ mod support;
 
 use lapin::types::AMQPValue;
 use support::config::{Branch, Endpoint, Filter, Forwarder, Value};
-use support::ingress::{Client, start_ingress};
-use support::{TestBroker, amqp_str, delete_all_with_prefix, field_table, unique_prefix};
+use support::ingress::{Client, start_ingress, stop_clean};
+use support::{TestBroker, amqp_str, field_table, unique_prefix};
 use switchyard::Options;
 
 const MESSAGES: usize = 10;
@@ -115,13 +115,7 @@ async fn sessions_over_http_reach_every_branch_whole_and_in_order() {
             );
         }
     }
-    assert_eq!(
-        broker.queue_len(&format!("{p}.dlq")).await,
-        0,
-        "never dead-lettered"
-    );
-    running.stop().await.unwrap_or_else(|e| panic!("{e}"));
-    delete_all_with_prefix(&p).await;
+    stop_clean(running, &broker, &p).await;
 }
 
 #[tokio::test]
@@ -133,6 +127,8 @@ async fn a_session_past_its_limits_is_413_and_past_max_open_429() {
         .sessions(&[
             ("max_open", Value::from(2u32)),
             ("max_messages", Value::from(3u32)),
+            // Configured in another case than the requests send it.
+            ("id_header", Value::from("Session-Id")),
         ])
         .http(&[]);
     let inbound = format!("{p}.in");
@@ -172,6 +168,5 @@ async fn a_session_past_its_limits_is_413_and_past_max_open_429() {
         ["b1", "b2", "b3", "o1", "t1"],
         "nothing refused was published"
     );
-    running.stop().await.unwrap_or_else(|e| panic!("{e}"));
-    delete_all_with_prefix(&p).await;
+    stop_clean(running, &broker, &p).await;
 }

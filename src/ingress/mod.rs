@@ -53,12 +53,10 @@ impl Ingress {
         intake: Intake,
         telemetry: Telemetry,
     ) -> Self {
+        // By their configured names, which the session lookup matches
+        // exactly; the request's headers are found whatever their case.
         let session_headers = sessions
-            .map(|s| {
-                [&s.id_header, &s.end_header]
-                    .map(|h| h.to_ascii_lowercase())
-                    .to_vec()
-            })
+            .map(|s| vec![s.id_header.clone(), s.end_header.clone()])
             .unwrap_or_default();
         Self {
             records: Records::new(config.idempotency_ttl, config.idempotency_max_keys),

@@ -114,6 +114,12 @@ impl Live {
                 "the runtime keeps its threads until the next start",
             );
         }
+        if next.settings.http != current.settings.http {
+            self.telemetry.reload_needs_restart(
+                "ingress.http",
+                "the HTTP ingress keeps its listener, tokens, limits and session headers",
+            );
+        }
         if next.settings.admin_listen != current.settings.admin_listen {
             self.telemetry
                 .reload_needs_restart("admin.listen", "the admin listener keeps its address");

@@ -45,6 +45,16 @@ pub async fn start_ingress(
     (running, Client::new(addr))
 }
 
+/// Stops `running` after checking that nothing was dead-lettered (HTTP
+/// requests never are: `<p>.dlq` is empty or absent), and deletes every
+/// queue and exchange of prefix `p`.
+pub async fn stop_clean(running: InProcess, broker: &TestBroker, p: &str) {
+    let dead = broker.try_queue_len(&format!("{p}.dlq")).await;
+    assert!(matches!(dead, None | Some(0)), "dead-lettered: {dead:?}");
+    running.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    super::delete_all_with_prefix(p).await;
+}
+
 /// An answer: status, headers (lower-case names), body as text and, when
 /// it is JSON, parsed.
 #[derive(Debug)]
