@@ -481,7 +481,11 @@ fn the_library_imports_one_way() {
 
 #[test]
 fn the_binary_and_the_benchmark_import_one_way() {
-    for file in ["src/main.rs", "benches/throughput/main.rs", "benches/http/main.rs"] {
+    for file in [
+        "src/main.rs",
+        "benches/throughput/main.rs",
+        "benches/http/main.rs",
+    ] {
         let krate = Crate::read(&root().join(file));
         assert_acyclic(file, &krate);
     }
