@@ -206,6 +206,18 @@ impl Answer {
     }
 }
 
+/// The branches `outcome` delivered.
+pub fn delivered(outcome: &Outcome) -> Vec<String> {
+    outcome
+        .branches
+        .iter()
+        .filter_map(|b| match b {
+            BranchOutcome::Delivered { branch, .. } => Some(branch.to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
 fn failure(branch: &str, endpoint: &str, error: &str) -> serde_json::Value {
     json!({ "branch": branch, "endpoint": endpoint, "error": error })
 }

@@ -22,14 +22,15 @@ pub mod request;
 pub mod server;
 
 use crate::config::HttpIngress;
+use crate::envelope::Envelope;
 use crate::pipeline::intake::{Intake, NotTaken};
 use crate::telemetry::Telemetry;
 use answer::Answer;
 use hyper::Request;
 use hyper::body::Incoming;
-use idempotency::{Begin, Records};
+use idempotency::{Begin, Records, Ticket};
 use std::sync::Arc;
-use tokio::sync::{Semaphore, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -86,61 +87,64 @@ impl Ingress {
         request: Request<Incoming>,
         started: Instant,
     ) -> (Answer, Option<String>) {
-        let refused = |r: request::Refused| (Answer::refused(r.status, &r.reason), None);
-        let config = &self.config;
-        let deadline = started + config.request_timeout;
-        if let Err(r) = request::check_head(request.headers())
-            .and_then(|()| request::authorize(request.headers(), &config.tokens))
-        {
-            return refused(r);
-        }
-        let routing_key = match request::routing_key(request.method(), request.uri().path()) {
-            Ok(key) => key,
-            Err(r) => return refused(r),
+        let deadline = started + self.config.request_timeout;
+        let (envelope, keyed, permit) = match self.read(request, deadline).await {
+            Ok(read) => read,
+            Err(r) => return (Answer::refused(r.status, &r.reason), None),
         };
-        if let Err(r) = request::check_length(request.headers(), config.max_body_bytes) {
-            return refused(r);
-        }
+        let message_id = envelope.message_id().to_owned();
+        let answer = self.deliver(envelope, keyed, permit, deadline).await;
+        (answer, Some(message_id))
+    }
+
+    /// Everything before a message exists: the token, the path, the
+    /// length, a slot of `max_in_flight`, the body, the mapping. Returns the
+    /// message, whether it carries an `Idempotency-Key`, and its slot.
+    async fn read(
+        &self,
+        request: Request<Incoming>,
+        deadline: Instant,
+    ) -> Result<(Envelope, bool, OwnedSemaphorePermit), request::Refused> {
+        let config = &self.config;
+        let headers = request.headers();
+        request::check_head(headers)?;
+        request::authorize(headers, &config.tokens)?;
+        let routing_key = request::routing_key(request.method(), request.uri().path())?;
+        request::check_length(headers, config.max_body_bytes)?;
         let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
-            let why = format!(
-                "{} requests are in flight, the most ingress.http.max_in_flight allows",
-                config.max_in_flight
-            );
-            return refused(request::Refused {
+            return Err(request::Refused {
                 status: hyper::StatusCode::TOO_MANY_REQUESTS,
-                reason: why,
+                reason: format!(
+                    "{} requests are in flight, the most ingress.http.max_in_flight allows",
+                    config.max_in_flight
+                ),
             });
         };
         let (parts, body) = request.into_parts();
         let within = deadline.saturating_duration_since(Instant::now());
-        let body = match request::read_body(body, config.max_body_bytes, within).await {
-            Ok(body) => body,
-            Err(r) => return refused(r),
-        };
+        let body = request::read_body(body, config.max_body_bytes, within).await?;
         let request = Request::from_parts(parts, ());
         let session_headers: Vec<&str> = self.session_headers.iter().map(String::as_str).collect();
-        let envelope =
-            match request::envelope(&request, routing_key, body, config, &session_headers) {
-                Ok(envelope) => envelope,
-                Err(r) => return refused(r),
-            };
-        let message_id = envelope.message_id().to_owned();
+        let envelope = request::envelope(&request, routing_key, body, config, &session_headers)?;
         let keyed = request.headers().contains_key(request::IDEMPOTENCY_KEY);
-        // The routing key and the body: what a retry must repeat.
-        let digest = envelope.content_uuid();
+        Ok((envelope, keyed, permit))
+    }
+
+    /// Delivers `envelope` (only what its key's record lacks) through the
+    /// intake, on a task of the forwarder's that records the outcome even
+    /// when the answer is not awaited any more, and answers by `deadline`.
+    async fn deliver(
+        &self,
+        envelope: Envelope,
+        keyed: bool,
+        permit: OwnedSemaphorePermit,
+        deadline: Instant,
+    ) -> Answer {
+        let id = envelope.message_id().to_owned();
         let (ticket, skip) = if keyed {
-            loop {
-                match self.records.begin(&message_id, digest) {
-                    Begin::Deliver(ticket, skip) => break (Some(ticket), skip),
-                    Begin::Complete(body) => return (Answer::again(body), Some(message_id)),
-                    Begin::Conflict => return (Answer::conflict(&message_id), Some(message_id)),
-                    Begin::Wait(mut running) => {
-                        let ended = running.wait_for(|done| *done);
-                        if tokio::time::timeout_at(deadline, ended).await.is_err() {
-                            return (Answer::timed_out(&message_id), Some(message_id));
-                        }
-                    }
-                }
+            match self.claim(&id, envelope.content_uuid(), deadline).await {
+                Ok((ticket, skip)) => (Some(ticket), skip),
+                Err(answer) => return answer,
             }
         } else {
             (None, Vec::new())
@@ -150,44 +154,55 @@ impl Ingress {
         let _stop_on_drop = lost.clone().drop_guard();
         let submitted = match self.intake.submit(envelope, &skip, lost.clone()) {
             Ok(submitted) => submitted,
-            Err(why) => return (Answer::not_taken(&message_id, &why), Some(message_id)),
+            Err(why) => return Answer::not_taken(&id, &why),
         };
         let (tell, told) = oneshot::channel();
-        let id = message_id.clone();
+        let message_id = id.clone();
         self.intake.spawn(async move {
             let answer = match submitted.delivery.await {
                 Ok(outcome) => {
-                    let answer = Answer::of(&id, &outcome, &skip);
-                    let delivered: Vec<String> = outcome
-                        .branches
-                        .iter()
-                        .filter_map(|b| match b {
-                            crate::pipeline::outcome::BranchOutcome::Delivered {
-                                branch, ..
-                            } => Some(branch.to_string()),
-                            _ => None,
-                        })
-                        .collect();
+                    let answer = Answer::of(&message_id, &outcome, &skip);
                     if let Some(ticket) = ticket {
                         let complete = (answer.status == hyper::StatusCode::ACCEPTED)
                             .then(|| answer.body.clone());
-                        ticket.finish(&delivered, complete);
+                        ticket.finish(&answer::delivered(&outcome), complete);
                     }
                     answer
                 }
-                Err(why) => Answer::not_taken(&id, &why),
+                Err(why) => Answer::not_taken(&message_id, &why),
             };
             drop(permit);
             let _ = tell.send(answer);
         });
         match tokio::time::timeout_at(deadline, told).await {
-            Ok(Ok(answer)) => (answer, Some(message_id)),
+            Ok(Ok(answer)) => answer,
             // The delivery task is gone only when the forwarder stops.
-            Ok(Err(_)) => (
-                Answer::not_taken(&message_id, &NotTaken::Stopping),
-                Some(message_id),
-            ),
-            Err(_) => (Answer::timed_out(&message_id), Some(message_id)),
+            Ok(Err(_)) => Answer::not_taken(&id, &NotTaken::Stopping),
+            Err(_) => Answer::timed_out(&id),
+        }
+    }
+
+    /// The right to deliver under key `key` for a request of `digest`, and
+    /// the branches its earlier tries confirmed; or the answer instead
+    /// (the record's, a conflict, or a timeout waiting for an earlier try).
+    async fn claim(
+        &self,
+        key: &str,
+        digest: uuid::Uuid,
+        deadline: Instant,
+    ) -> Result<(Ticket, Vec<String>), Answer> {
+        loop {
+            match self.records.begin(key, digest) {
+                Begin::Deliver(ticket, skip) => return Ok((ticket, skip)),
+                Begin::Complete(body) => return Err(Answer::again(body)),
+                Begin::Conflict => return Err(Answer::conflict(key)),
+                Begin::Wait(mut running) => {
+                    let ended = running.wait_for(|done| *done);
+                    if tokio::time::timeout_at(deadline, ended).await.is_err() {
+                        return Err(Answer::timed_out(key));
+                    }
+                }
+            }
         }
     }
 }
