@@ -153,6 +153,11 @@ async fn a_session_past_its_limits_is_413_and_past_max_open_429() {
     assert_eq!(send("two", "t1").await.status, 202);
     let full = send("three", "x1").await;
     assert_eq!(full.status, 429, "{}", full.text);
+    let metrics = running.telemetry().render();
+    assert!(
+        metrics.contains("switchyard_sessions_open 2\n"),
+        "one and two are open, big closed: {metrics}"
+    );
     assert_eq!(
         full.headers.get("retry-after").map(String::as_str),
         Some("1")

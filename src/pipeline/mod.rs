@@ -91,6 +91,8 @@ pub struct Forwarder {
     tracker: TaskTracker,
     /// Open sessions, sessions waiting for a slot, recently closed ones.
     sessions: sessions::Sessions,
+    /// The HTTP ingress's sessions, shared by every intake handle.
+    http_sessions: intake::HttpSessions,
     /// A permanent refusal at start ends `run` instead of being retried.
     fail_fast: bool,
     telemetry: Telemetry,
@@ -107,6 +109,7 @@ impl Forwarder {
             live: Arc::new(Live::new(settings, common)),
             reloads: None,
             sessions: sessions::Sessions::new(tracker.clone(), abandon.clone(), telemetry.clone()),
+            http_sessions: intake::HttpSessions::new(telemetry.clone()),
             tracker,
             abandon,
             consuming: Arc::new(AtomicBool::new(false)),
@@ -138,6 +141,7 @@ impl Forwarder {
             self.live.clone(),
             self.prepared.clone(),
             self.tracker.clone(),
+            self.http_sessions.clone(),
         )
     }
 

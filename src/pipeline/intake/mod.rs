@@ -43,12 +43,17 @@ pub struct Intake {
 }
 
 impl Intake {
-    pub(super) fn new(live: Arc<Live>, prepared: Arc<AtomicBool>, tracker: TaskTracker) -> Self {
+    pub(super) fn new(
+        live: Arc<Live>,
+        prepared: Arc<AtomicBool>,
+        tracker: TaskTracker,
+        sessions: HttpSessions,
+    ) -> Self {
         Self {
             live,
             prepared,
             tracker,
-            sessions: HttpSessions::default(),
+            sessions,
         }
     }
 

@@ -19,6 +19,7 @@ use crate::pipeline::engine::{BranchRun, Walk};
 use crate::pipeline::generation::Generation;
 use crate::pipeline::outcome::{Barred, Outcome, Verdict};
 use crate::pipeline::sessions::is_end;
+use crate::telemetry::Telemetry;
 use futures_util::future::join_all;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -28,10 +29,12 @@ use tokio_util::sync::CancellationToken;
 /// The most closed sessions remembered; the oldest is forgotten first.
 const MAX_CLOSED: usize = 100_000;
 
-/// The HTTP ingress's sessions. Cheap to clone.
-#[derive(Clone, Default)]
+/// The HTTP ingress's sessions, counted in `switchyard_sessions_open` with
+/// the queue's. Cheap to clone.
+#[derive(Clone)]
 pub struct HttpSessions {
     registry: Arc<Mutex<Registry>>,
+    telemetry: Telemetry,
 }
 
 #[derive(Default)]
@@ -59,6 +62,14 @@ struct Session {
 }
 
 impl HttpSessions {
+    /// No session open yet; opening and closing ones reports to `telemetry`.
+    pub(crate) fn new(telemetry: Telemetry) -> Self {
+        Self {
+            registry: Arc::default(),
+            telemetry,
+        }
+    }
+
     /// Takes `envelope` into session `id`, opening it (routed by this
     /// first message under `generation`) when it is not open.
     pub(super) fn submit(
@@ -76,7 +87,10 @@ impl HttpSessions {
         let open = {
             let mut registry = self.lock();
             let now = Instant::now();
-            registry.expire(now, config.idle_timeout, config.closed_ttl);
+            let expired = registry.expire(now, config.idle_timeout, config.closed_ttl);
+            for _ in 0..expired {
+                self.telemetry.session_released();
+            }
             if let Some(closed) = registry.closed.get(&id) {
                 return Err(NotTaken::Barred(Barred::SessionClosed {
                     id,
@@ -105,6 +119,7 @@ impl HttpSessions {
                         })),
                     };
                     registry.open.insert(id.clone(), open.clone());
+                    self.telemetry.session_opened(&id, envelope.message_id());
                     open
                 }
             }
@@ -137,14 +152,20 @@ impl HttpSessions {
         {
             registry.open.remove(id);
             registry.remember_closed(id.clone(), Instant::now());
+            self.telemetry.session_released();
         }
     }
 }
 
 impl Registry {
     /// Closes open sessions idle past `idle` (those not delivering now) and
-    /// forgets closed ones older than `ttl`.
-    fn expire(&mut self, now: Instant, idle: std::time::Duration, ttl: std::time::Duration) {
+    /// forgets closed ones older than `ttl`; returns how many it closed.
+    fn expire(
+        &mut self,
+        now: Instant,
+        idle: std::time::Duration,
+        ttl: std::time::Duration,
+    ) -> usize {
         let idle_ids: Vec<Arc<str>> = self
             .open
             .iter()
@@ -155,6 +176,7 @@ impl Registry {
             })
             .map(|(id, _)| id.clone())
             .collect();
+        let closed = idle_ids.len();
         for id in idle_ids {
             self.open.remove(&id);
             self.remember_closed(id, now);
@@ -169,6 +191,7 @@ impl Registry {
                 self.closed.remove(&id);
             }
         }
+        closed
     }
 
     fn remember_closed(&mut self, id: Arc<str>, at: Instant) {
