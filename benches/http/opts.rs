@@ -36,6 +36,10 @@ pub struct Opts {
     /// The rows, in order (M, H, A) [default: M,H,A].
     #[arg(long, value_delimiter = ',')]
     pub(crate) rows: Vec<Row>,
+    /// Every queue of the run a quorum queue (durable, `x-queue-type =
+    /// quorum`) rather than a classic one.
+    #[arg(long)]
+    pub(crate) quorum: bool,
     /// A quick look: --secs 3 --warmup-secs 1 --latency-secs 3.
     #[arg(long)]
     pub(crate) quick: bool,

@@ -28,6 +28,14 @@ pub fn header(opts: &Opts, h: &Header) -> String {
         ),
         format!("- forwarder: {}", h.forwarder),
         format!(
+            "- queues: {}",
+            if opts.quorum {
+                "quorum"
+            } else {
+                "classic, durable"
+            }
+        ),
+        format!(
             "- load: {} concurrent clients in the benchmark's process, each on a keep-alive \
              HTTP/1.1 connection of its own; {} B bodies, persistent; per row {:.0} s at the \
              maximum rate after a {:.0} s warm-up, then {:.0} s at {} on a fixed schedule; {} \

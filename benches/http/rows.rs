@@ -134,7 +134,7 @@ async fn run_row(
                 .declare_exchange(&q("fanout"), ExchangeKind::Fanout)
                 .await;
             for queue in &counted {
-                broker.declare_queue(queue).await;
+                declare(&broker, queue, ctx.opts.quorum).await;
                 broker.bind(queue, &q("fanout"), "").await;
             }
             let shape = management_shape(&ctx, &q("fanout"))?;
@@ -146,7 +146,7 @@ async fn run_row(
         }
         Row::A => {
             for queue in &counted {
-                broker.declare_queue(queue).await;
+                declare(&broker, queue, ctx.opts.quorum).await;
             }
             let connection = Connection::connect(
                 &ctx.amqp_url,
@@ -197,7 +197,7 @@ async fn run_row(
 /// service and logging over every message, each with a backup; `nack`
 /// dead-lettering, prefetch 1000, a 10 s shutdown bound.
 fn forwarder_toml(ctx: &Ctx, p: &str, addr: SocketAddr) -> String {
-    Forwarder::at(&ctx.amqp_url, p)
+    let config = Forwarder::at(&ctx.amqp_url, p)
         .mode("nack")
         .top("shutdown_timeout_ms", 10_000)
         .inbound("prefetch", 1000u32)
@@ -205,8 +205,21 @@ fn forwarder_toml(ctx: &Ctx, p: &str, addr: SocketAddr) -> String {
         .http(&[
             ("listen", Value::from(addr.to_string())),
             ("max_in_flight", Value::from(MAX_IN_FLIGHT)),
-        ])
-        .toml()
+        ]);
+    if ctx.opts.quorum {
+        config.quorum().toml()
+    } else {
+        config.toml()
+    }
+}
+
+/// Declares durable `queue`, a quorum queue with `quorum`.
+async fn declare(broker: &TestBroker, queue: &str, quorum: bool) {
+    if quorum {
+        broker.declare_quorum_queue(queue).await;
+    } else {
+        broker.declare_queue(queue).await;
+    }
 }
 
 /// A loopback address free a moment ago, for the ingress to listen on.
