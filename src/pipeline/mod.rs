@@ -141,6 +141,7 @@ impl Forwarder {
             self.live.clone(),
             self.prepared.clone(),
             self.tracker.clone(),
+            self.abandon.clone(),
             self.http_sessions.clone(),
         )
     }

@@ -23,6 +23,7 @@ pub use submission::{Delivery, NotTaken, Submitted};
 
 use submission::plans;
 
+use super::engine::held;
 use super::live::Live;
 use crate::envelope::Envelope;
 use std::future::Future;
@@ -39,6 +40,8 @@ pub struct Intake {
     /// declared): nothing is taken before.
     prepared: Arc<AtomicBool>,
     tracker: TaskTracker,
+    /// The shutdown bound: deliveries still running are dropped.
+    abandon: CancellationToken,
     sessions: HttpSessions,
 }
 
@@ -47,12 +50,14 @@ impl Intake {
         live: Arc<Live>,
         prepared: Arc<AtomicBool>,
         tracker: TaskTracker,
+        abandon: CancellationToken,
         sessions: HttpSessions,
     ) -> Self {
         Self {
             live,
             prepared,
             tracker,
+            abandon,
             sessions,
         }
     }
@@ -92,11 +97,16 @@ impl Intake {
         Ok(Submitted { branches, delivery })
     }
 
-    /// Runs `work` as a task the forwarder waits for at shutdown.
+    /// Runs `work` as a task the forwarder waits for at shutdown, within
+    /// its bound (`shutdown_timeout_ms`): past it the work is dropped, as a
+    /// consumed message's transaction is.
     pub fn spawn<F>(&self, work: F)
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        self.tracker.spawn(work);
+        let abandon = self.abandon.clone();
+        self.tracker.spawn(async move {
+            held(&abandon, work).await;
+        });
     }
 }
