@@ -14,10 +14,10 @@
 //! | 504 | the request timed out before every confirm: the outcome is unknown |
 
 use crate::pipeline::intake::NotTaken;
-use crate::pipeline::outcome::{Barred, BranchOutcome, Outcome};
+use crate::pipeline::outcome::{Barred, Outcome, Reason, Verdict};
 use hyper::StatusCode;
+use hyper::body::Bytes;
 use serde_json::json;
-use std::sync::Arc;
 
 /// Seconds a client is asked to wait after a 429.
 pub const RETRY_AFTER_BUSY: u32 = 1;
@@ -30,8 +30,8 @@ pub struct Answer {
     pub status: StatusCode,
     /// `Retry-After`, in seconds.
     pub retry_after: Option<u32>,
-    /// The JSON body.
-    pub body: Arc<str>,
+    /// The JSON body: kept by the key's record, sent without a copy.
+    pub body: Bytes,
     /// Why, one line, for the log.
     pub reason: String,
 }
@@ -46,7 +46,7 @@ impl Answer {
         Self {
             status,
             retry_after,
-            body: body.to_string().into(),
+            body: Bytes::from(body.to_string()),
             reason,
         }
     }
@@ -120,67 +120,32 @@ impl Answer {
         )
     }
 
-    /// What `outcome` says, with `earlier` the branches confirmed by
-    /// earlier tries of the same key.
-    pub fn of(message_id: &str, outcome: &Outcome, earlier: &[String]) -> Self {
-        let mut delivered: Vec<String> = earlier.to_vec();
-        let mut failed = Vec::new();
-        let (mut exhausted, mut down, mut abandoned) = (false, false, false);
-        for branch in &outcome.branches {
-            match branch {
-                BranchOutcome::Delivered { branch, .. } => delivered.push(branch.to_string()),
-                BranchOutcome::Failed {
-                    branch,
-                    endpoint,
-                    error,
-                } => {
-                    exhausted = true;
-                    failed.push(failure(branch, endpoint, &error.to_string()));
-                }
-                BranchOutcome::Rejected {
-                    branch,
-                    endpoint,
-                    error,
-                } => {
-                    exhausted = true;
-                    failed.push(failure(branch, endpoint, &error.to_string()));
-                }
-                BranchOutcome::Outage {
-                    branch,
-                    endpoint,
-                    error,
-                } => {
-                    down = true;
-                    failed.push(failure(branch, endpoint, &error.to_string()));
-                }
-                BranchOutcome::Abandoned { branch } => {
-                    abandoned = true;
-                    failed.push(failure(
-                        branch,
-                        "",
-                        "not confirmed before the request timed out",
-                    ));
-                }
-            }
-        }
-        let (status, reason) = if exhausted {
-            (
-                StatusCode::BAD_GATEWAY,
-                "a branch exhausted its endpoint list",
-            )
-        } else if down {
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "every endpoint of a branch is unreachable: retry with the same Idempotency-Key",
-            )
-        } else if abandoned {
-            (
+    /// What `outcome` says, its verdict told as a status: `delivered` are
+    /// the branches confirmed by this try and earlier ones of the same key.
+    pub fn of(message_id: &str, outcome: Outcome, delivered: &[String]) -> Self {
+        let (status, reason, failed) = match outcome.verdict() {
+            Verdict::Commit => (StatusCode::ACCEPTED, "every branch confirmed", Vec::new()),
+            // Only once the caller is gone or out of time: it is answered 504.
+            Verdict::Abandon => (
                 StatusCode::GATEWAY_TIMEOUT,
                 "the request timed out before every branch was confirmed: retry with the same \
                  Idempotency-Key",
-            )
-        } else {
-            (StatusCode::ACCEPTED, "every branch confirmed")
+                Vec::new(),
+            ),
+            Verdict::DeadLetter { cause, .. } => {
+                let failed = cause
+                    .failed_branches()
+                    .map(|f| failure(&f.branch, &f.endpoint, &f.error.to_string()))
+                    .collect();
+                if cause.reason() == Reason::Outage {
+                    let reason = "every endpoint of a branch is unreachable: retry with the same \
+                                  Idempotency-Key";
+                    (StatusCode::SERVICE_UNAVAILABLE, reason, failed)
+                } else {
+                    let reason = "a branch exhausted its endpoint list";
+                    (StatusCode::BAD_GATEWAY, reason, failed)
+                }
+            }
         };
         Self::new(
             status,
@@ -196,7 +161,7 @@ impl Answer {
     }
 
     /// The first answer of a key, given again (status 200).
-    pub fn again(body: Arc<str>) -> Self {
+    pub fn again(body: Bytes) -> Self {
         Self {
             status: StatusCode::OK,
             retry_after: None,
@@ -204,18 +169,6 @@ impl Answer {
             reason: "a retry of a request whose every branch was confirmed".to_owned(),
         }
     }
-}
-
-/// The branches `outcome` delivered.
-pub fn delivered(outcome: &Outcome) -> Vec<String> {
-    outcome
-        .branches
-        .iter()
-        .filter_map(|b| match b {
-            BranchOutcome::Delivered { branch, .. } => Some(branch.to_string()),
-            _ => None,
-        })
-        .collect()
 }
 
 fn failure(branch: &str, endpoint: &str, error: &str) -> serde_json::Value {

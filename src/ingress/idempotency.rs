@@ -9,6 +9,7 @@
 //! last use, and past `idempotency_max_keys` the oldest is forgotten first.
 //! Records live in this process only.
 
+use hyper::body::Bytes;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -35,7 +36,7 @@ struct Record {
     digest: uuid::Uuid,
     delivered: Vec<String>,
     /// The answer of the try that completed it.
-    complete: Option<Arc<str>>,
+    complete: Option<Bytes>,
     /// Set while a try runs; set to true when it ends. A waiter subscribes
     /// under the lock, so it cannot miss the end.
     running: Option<watch::Sender<bool>>,
@@ -47,7 +48,7 @@ pub enum Begin {
     /// Deliver, skipping the branches named; finish with the ticket.
     Deliver(Ticket, Vec<String>),
     /// Every branch was confirmed already: this was the answer.
-    Complete(Arc<str>),
+    Complete(Bytes),
     /// The key was used for another request.
     Conflict,
     /// A try with this key runs: wait until this turns true (or its
@@ -154,12 +155,12 @@ impl Inner {
 impl Ticket {
     /// Ends the try: `delivered` were confirmed now, and `answer` is set
     /// when every branch of the request now is.
-    pub fn finish(mut self, delivered: &[String], answer: Option<Arc<str>>) {
+    pub fn finish(mut self, delivered: &[String], answer: Option<Bytes>) {
         self.done = true;
         self.end(delivered, answer);
     }
 
-    fn end(&self, delivered: &[String], answer: Option<Arc<str>>) {
+    fn end(&self, delivered: &[String], answer: Option<Bytes>) {
         let mut inner = self.records.lock();
         let now = Instant::now();
         let nothing = delivered.is_empty() && answer.is_none();
@@ -225,7 +226,7 @@ mod tests {
         let (ticket, skip) = deliver(records.begin("k", digest("a")));
         assert_eq!(skip, ["logging"]);
         ticket.finish(&["service".to_owned()], Some("done".into()));
-        assert!(matches!(records.begin("k", digest("a")), Begin::Complete(a) if &*a == "done"));
+        assert!(matches!(records.begin("k", digest("a")), Begin::Complete(a) if a == "done"));
     }
 
     #[tokio::test(start_paused = true)]

@@ -124,8 +124,8 @@ impl Ingress {
         let within = deadline.saturating_duration_since(Instant::now());
         let body = request::read_body(body, config.max_body_bytes, within).await?;
         let request = Request::from_parts(parts, ());
-        let session_headers: Vec<&str> = self.session_headers.iter().map(String::as_str).collect();
-        let envelope = request::envelope(&request, routing_key, body, config, &session_headers)?;
+        let envelope =
+            request::envelope(&request, routing_key, body, config, &self.session_headers)?;
         let keyed = request.headers().contains_key(request::IDEMPOTENCY_KEY);
         Ok((envelope, keyed, permit))
     }
@@ -161,11 +161,13 @@ impl Ingress {
         self.intake.spawn(async move {
             let answer = match submitted.delivery.await {
                 Ok(outcome) => {
-                    let answer = Answer::of(&message_id, &outcome, &skip);
+                    let now: Vec<String> = outcome.delivered().map(|b| b.to_string()).collect();
+                    let earlier_and_now = [skip, now.clone()].concat();
+                    let answer = Answer::of(&message_id, outcome, &earlier_and_now);
                     if let Some(ticket) = ticket {
                         let complete = (answer.status == hyper::StatusCode::ACCEPTED)
                             .then(|| answer.body.clone());
-                        ticket.finish(&answer::delivered(&outcome), complete);
+                        ticket.finish(&now, complete);
                     }
                     answer
                 }

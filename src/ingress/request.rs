@@ -194,7 +194,7 @@ pub fn envelope(
     routing_key: String,
     body: Vec<u8>,
     config: &HttpIngress,
-    session_headers: &[&str],
+    session_headers: &[String],
 ) -> Result<Envelope, Refused> {
     let headers = request.headers();
     let short = |name: &str| -> Result<Option<ShortString>, Refused> {
@@ -217,15 +217,10 @@ pub fn envelope(
         None => uuid::Uuid::new_v4().to_string().into(),
     };
     let mut table = FieldTable::default();
-    for name in config
-        .forward_headers
-        .iter()
-        .map(String::as_str)
-        .chain(session_headers.iter().copied())
-    {
-        if let Some(value) = headers.get(name) {
+    for name in config.forward_headers.iter().chain(session_headers) {
+        if let Some(value) = headers.get(name.as_str()) {
             table.insert(
-                name.into(),
+                name.as_str().into(),
                 AmqpValue::LongString(value.as_bytes().to_vec().into()),
             );
         }

@@ -149,7 +149,7 @@ where
 
 /// An answer as an HTTP response.
 fn response(answer: Answer) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(answer.body.to_string())));
+    let mut response = Response::new(Full::new(answer.body));
     *response.status_mut() = answer.status;
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));

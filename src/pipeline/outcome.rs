@@ -330,16 +330,27 @@ impl Verdict {
 }
 
 impl Outcome {
+    /// Whether every branch delivered (the verdict is a commit).
+    pub fn all_delivered(&self) -> bool {
+        self.branches
+            .iter()
+            .all(|b| matches!(b, BranchOutcome::Delivered { .. }))
+    }
+
+    /// The branches that delivered, in filter-table order.
+    pub fn delivered(&self) -> impl Iterator<Item = &Arc<str>> {
+        self.branches.iter().filter_map(|b| match b {
+            BranchOutcome::Delivered { branch, .. } => Some(branch),
+            _ => None,
+        })
+    }
+
     /// Commit when every branch delivered; abandon when the inbound channel
     /// was lost; otherwise dead-letter: `rejected` when the broker refused
     /// the message itself, `exhausted` when lists ran out.
     pub fn verdict(self) -> Verdict {
         // The common case, decided without building the dead-letter lists.
-        if self
-            .branches
-            .iter()
-            .all(|b| matches!(b, BranchOutcome::Delivered { .. }))
-        {
+        if self.all_delivered() {
             return Verdict::Commit;
         }
         let mut failures = Vec::new();

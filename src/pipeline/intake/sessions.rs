@@ -17,7 +17,7 @@ use super::submission::{Delivery, NotTaken, Submitted, plans};
 use crate::envelope::Envelope;
 use crate::pipeline::engine::{BranchRun, Walk};
 use crate::pipeline::generation::Generation;
-use crate::pipeline::outcome::{Barred, Outcome, Verdict};
+use crate::pipeline::outcome::{Barred, Outcome};
 use crate::pipeline::sessions::is_end;
 use crate::telemetry::Telemetry;
 use futures_util::future::join_all;
@@ -245,8 +245,7 @@ impl Session {
         let branches = join_all(self.runs.iter_mut().map(|b| b.deliver(run, None, &walk))).await;
         let outcome = Outcome { branches };
         self.last = Instant::now();
-        let committed = outcome.clone().verdict() == Verdict::Commit;
-        self.ended = end || !committed;
+        self.ended = end || !outcome.all_delivered();
         Ok(outcome)
     }
 }
