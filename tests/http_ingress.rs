@@ -496,3 +496,110 @@ async fn filters_see_the_method_and_path_and_put_means_post() {
     assert_eq!(got[0].routing_key, format!("{p}.puts"));
     stop_clean(running, &broker, &p).await;
 }
+
+#[tokio::test]
+async fn a_shutdown_bounds_a_request_in_flight_and_a_retry_after_restart_delivers_it() {
+    let p = unique_prefix("http-shutdown");
+    let broker = TestBroker::connect(&p).await;
+    let proxy = support::FaultProxy::start(support::amqp_addr()).await;
+    let config = Forwarder::new(&p)
+        .top("shutdown_timeout_ms", 2000)
+        .broker("via", &proxy.amqp_url())
+        .endpoint(
+            Endpoint::queue("service", &format!("{p}.service"))
+                .on("via")
+                .set("confirm_timeout_ms", 30_000),
+        )
+        .filter("k", Filter::routing_key("k"))
+        .branch(Branch::new("service", "k", "service"))
+        .http(&[("max_in_flight", Value::from(1u32))]);
+    let (running, client) = start(&config, &broker, &p).await;
+    let warm = client.post("/messages/k", &[], b"warm").await;
+    assert_eq!(warm.status, 202, "{}", warm.text);
+
+    proxy.stall();
+    let key = [("idempotency-key", "at-shutdown-1")];
+    let held = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let reply = client.try_send("POST", "/messages/k", &key, b"held").await;
+            (reply, std::time::Instant::now())
+        })
+    };
+    // The one slot is taken once the held request is being delivered.
+    support::wait_for(
+        "a 429 while the held request is in flight",
+        DEFAULT_TIMEOUT,
+        || {
+            let client = client.clone();
+            async move {
+                let reply = client.post("/messages/nowhere", &[], b"extra").await;
+                (reply.status == 429).then_some(())
+            }
+        },
+    )
+    .await;
+
+    // Without the bounds the held request would wait for its 30 s confirm
+    // timeout. The shutdown gives it 2 s to be answered; the forwarder then
+    // ends within its 2 s bound plus 2 s to close the stalled connection and
+    // 5 s for the tasks behind it (docs/operations.md).
+    let stopping = std::time::Instant::now();
+    running.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    let took = stopping.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(13),
+        "stopping took {took:?}"
+    );
+    let (held, held_ended) = held.await.unwrap_or_else(|e| panic!("{e}"));
+    let held_took = held_ended.saturating_duration_since(stopping);
+    assert!(
+        held_took < std::time::Duration::from_secs(5),
+        "the held request ended {held_took:?} into the shutdown"
+    );
+    // No confirm came, so no 202: either an answer that says the outcome
+    // is unknown or the connection closed without one.
+    match &held {
+        Ok(reply) => assert!(
+            matches!(reply.status, 503 | 504),
+            "held request: {}",
+            reply_summary(reply)
+        ),
+        Err(e) => eprintln!("held request: connection closed at shutdown ({e})"),
+    }
+    assert!(
+        client
+            .try_send("POST", "/messages/k", &[], b"late")
+            .await
+            .is_err(),
+        "the listener still answers after the shutdown"
+    );
+    eprintln!("stopped in {took:?} with a request in flight, which ended after {held_took:?}");
+
+    // The caller retries with the same key on the next instance: its
+    // records died with the first, so the copy goes again; the stalled one
+    // may land too once the broker answers, a duplicate with the same copy
+    // id. Never none.
+    proxy.resume();
+    let (running, client) = start(&config, &broker, &p).await;
+    let retry = client.post("/messages/k", &key, b"held").await;
+    assert_eq!(retry.status, 202, "{}", reply_summary(&retry));
+    let service = format!("{p}.service");
+    wait_until("the retried copy arrives", DEFAULT_TIMEOUT, || {
+        let broker = &broker;
+        let service = &service;
+        async move { broker.queue_len(service).await >= 2 }
+    })
+    .await;
+    let bodies = queue_bodies(&broker, &service).await;
+    let copies = bodies.iter().filter(|b| b.as_slice() == b"held").count();
+    assert!((1..=2).contains(&copies), "held copies: {copies}");
+    eprintln!(
+        "held request: {copies} copies after the retry ({} duplicate)",
+        copies - 1
+    );
+    for refused in [b"extra".as_slice(), b"late"] {
+        assert_eq!(bodies.iter().filter(|b| b.as_slice() == refused).count(), 0);
+    }
+    stop_clean(running, &broker, &p).await;
+}
