@@ -37,6 +37,35 @@ async fn queue_bodies(broker: &TestBroker, queue: &str) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// One branch, `service`, for routing key `k`, published through
+/// `proxy` with a confirm timeout of `confirm_timeout_ms`: a broker the
+/// test can stall under a request.
+fn service_behind(p: &str, proxy: &support::FaultProxy, confirm_timeout_ms: u32) -> Forwarder {
+    Forwarder::new(p)
+        .broker("via", &proxy.amqp_url())
+        .endpoint(
+            Endpoint::queue("service", &format!("{p}.service"))
+                .on("via")
+                .set("confirm_timeout_ms", confirm_timeout_ms),
+        )
+        .filter("k", Filter::routing_key("k"))
+        .branch(Branch::new("service", "k", "service"))
+}
+
+/// Waits until a request is refused with `429`: with `max_in_flight = 1`,
+/// until the one slot is held. A request for no route is answered at once
+/// (404) when it gets the slot, so it never holds it from another.
+async fn slot_held(client: &Client) -> Reply {
+    support::wait_for("a 429 while the slot is held", DEFAULT_TIMEOUT, || {
+        let client = client.clone();
+        async move {
+            let reply = client.post("/messages/nowhere", &[], b"extra").await;
+            (reply.status == 429).then_some(reply)
+        }
+    })
+    .await
+}
+
 #[tokio::test]
 async fn a_request_is_one_confirmed_copy_per_branch_byte_for_byte() {
     let p = unique_prefix("http-happy");
@@ -317,19 +346,10 @@ async fn past_max_in_flight_is_429_and_a_stalled_broker_is_504() {
     let p = unique_prefix("http-stall");
     let broker = TestBroker::connect(&p).await;
     let proxy = support::FaultProxy::start(support::amqp_addr()).await;
-    let config = Forwarder::new(&p)
-        .broker("via", &proxy.amqp_url())
-        .endpoint(
-            Endpoint::queue("service", &format!("{p}.service"))
-                .on("via")
-                .set("confirm_timeout_ms", 3000),
-        )
-        .filter("k", Filter::routing_key("k"))
-        .branch(Branch::new("service", "k", "service"))
-        .http(&[
-            ("max_in_flight", Value::from(1u32)),
-            ("request_timeout_ms", Value::from(1000u32)),
-        ]);
+    let config = service_behind(&p, &proxy, 3000).http(&[
+        ("max_in_flight", Value::from(1u32)),
+        ("request_timeout_ms", Value::from(1000u32)),
+    ]);
     let (running, client) = start(&config, &broker, &p).await;
     let warm = client.post("/messages/k", &[], b"warm").await;
     assert_eq!(warm.status, 202, "{}", warm.text);
@@ -340,16 +360,7 @@ async fn past_max_in_flight_is_429_and_a_stalled_broker_is_504() {
         let client = client.clone();
         tokio::spawn(async move { client.post("/messages/k", &key, b"held").await })
     };
-    // A request for no route is answered at once (404) when it gets the
-    // slot, so it never holds it from the first.
-    let busy = support::wait_for("a 429 while the slot is held", DEFAULT_TIMEOUT, || {
-        let client = client.clone();
-        async move {
-            let reply = client.post("/messages/nowhere", &[], b"extra").await;
-            (reply.status == 429).then_some(reply)
-        }
-    })
-    .await;
+    let busy = slot_held(&client).await;
     assert_eq!(
         busy.headers.get("retry-after").map(String::as_str),
         Some("1")
@@ -502,16 +513,8 @@ async fn a_shutdown_bounds_a_request_in_flight_and_a_retry_after_restart_deliver
     let p = unique_prefix("http-shutdown");
     let broker = TestBroker::connect(&p).await;
     let proxy = support::FaultProxy::start(support::amqp_addr()).await;
-    let config = Forwarder::new(&p)
+    let config = service_behind(&p, &proxy, 30_000)
         .top("shutdown_timeout_ms", 2000)
-        .broker("via", &proxy.amqp_url())
-        .endpoint(
-            Endpoint::queue("service", &format!("{p}.service"))
-                .on("via")
-                .set("confirm_timeout_ms", 30_000),
-        )
-        .filter("k", Filter::routing_key("k"))
-        .branch(Branch::new("service", "k", "service"))
         .http(&[("max_in_flight", Value::from(1u32))]);
     let (running, client) = start(&config, &broker, &p).await;
     let warm = client.post("/messages/k", &[], b"warm").await;
@@ -527,18 +530,7 @@ async fn a_shutdown_bounds_a_request_in_flight_and_a_retry_after_restart_deliver
         })
     };
     // The one slot is taken once the held request is being delivered.
-    support::wait_for(
-        "a 429 while the held request is in flight",
-        DEFAULT_TIMEOUT,
-        || {
-            let client = client.clone();
-            async move {
-                let reply = client.post("/messages/nowhere", &[], b"extra").await;
-                (reply.status == 429).then_some(())
-            }
-        },
-    )
-    .await;
+    slot_held(&client).await;
 
     // Without the bounds the held request would wait for its 30 s confirm
     // timeout. The shutdown gives it 2 s to be answered; the forwarder then
