@@ -9,12 +9,17 @@
 //! Anything else is 404 (405 for another method on these paths). Anyone
 //! who can reach the port can hold its resources only so far: at most
 //! [`MAX_CONNECTIONS`] connections are served at once, each serves one
-//! request, whose headers must arrive within 5 s and fit in 16 KiB. The server
+//! request, whose headers must arrive within 5 s and fit in 16 KiB. When
+//! all are taken, a new client closes one that has sent nothing (or is
+//! still sending its head) instead of waiting behind it
+//! ([`crate::listen::gate`]), so a probe answers under a flood of idle
+//! connections. The server
 //! stops accepting when its stop token is cancelled, which the forwarder's
 //! run does once it has stopped, and gives open connections a moment to
 //! finish their request.
 
-use crate::telemetry::{METRICS_CONTENT_TYPE, Telemetry};
+use crate::listen::gate::Gate;
+use crate::telemetry::{Listener, METRICS_CONTENT_TYPE, Telemetry};
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{CONTENT_TYPE, HeaderValue};
@@ -32,9 +37,9 @@ use tokio_util::task::TaskTracker;
 
 /// A slow client may take this long to send its request headers.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
-/// Connections served at once. More wait in the listen backlog, costing
-/// nothing here, until one of these ends (within `HEADER_TIMEOUT` for a
-/// client that sends nothing, as every connection serves one request).
+/// Connections served at once. Past it a new connection takes the place
+/// of one that is not handling a request; when every one is, more wait in
+/// the listen backlog (each serves one request, which takes microseconds).
 pub const MAX_CONNECTIONS: usize = 32;
 /// The most a request may take in memory, headers included.
 const MAX_REQUEST_BYTES: usize = 16 * 1024;
@@ -115,15 +120,17 @@ impl Admin {
     pub async fn serve(self, telemetry: Telemetry, readiness: Ready, stop: CancellationToken) {
         telemetry.admin_listening(self.addr);
         let connections = TaskTracker::new();
-        let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+        let gate = Gate::new(MAX_CONNECTIONS);
         let failed = |e: &std::io::Error| telemetry.admin_connection_failed(e);
-        while let Some((stream, slot)) =
-            crate::listen::accept_within(&self.listener, &slots, &stop, failed).await
+        let shed = || telemetry.connection_shed(Listener::Admin);
+        while let Some((stream, admitted)) =
+            crate::listen::accept_within(&self.listener, &gate, &stop, failed, shed).await
         {
             let (telemetry, readiness, stop) = (telemetry.clone(), readiness.clone(), stop.clone());
             connections.spawn(async move {
-                let _slot = slot;
+                let busy = admitted.busy();
                 let service = service_fn(|request| {
+                    busy.hold();
                     let response = respond(&request, &telemetry, &readiness);
                     async move { Ok::<_, Infallible>(response) }
                 });
@@ -136,8 +143,11 @@ impl Admin {
                     .max_buf_size(MAX_REQUEST_BYTES)
                     .serve_connection(TokioIo::new(stream), service);
                 let mut connection = std::pin::pin!(connection);
+                let shed = admitted.shed();
                 let result = tokio::select! {
                     result = connection.as_mut() => result,
+                    // Closed for room: it had sent no request to answer.
+                    () = shed.cancelled() => Ok(()),
                     () = stop.cancelled() => {
                         connection.as_mut().graceful_shutdown();
                         tokio::time::timeout(DRAIN, connection).await.unwrap_or(Ok(()))

@@ -1,19 +1,23 @@
 //! The ingress listener: HTTP/1.1 with keep-alive, over TLS when
 //! `cert_file` and `key_file` are set. At most `max_connections` are served
-//! at once (more wait in the listen backlog); a client must send each
-//! request's headers within `header_timeout_ms` (an idle keep-alive
-//! connection is closed after as long) and they must fit in
-//! [`MAX_HEADER_BYTES`]. It stops accepting when its stop token is
+//! at once; past it a new client takes the place of a connection that has
+//! sent nothing or sits between requests ([`crate::listen::gate`]), and
+//! waits in the listen backlog only while every connection is handling a
+//! request. A client must send each request's headers within
+//! `header_timeout_ms` (an idle keep-alive connection is closed after as
+//! long) and they must fit in [`MAX_HEADER_BYTES`]; a refused token closes
+//! the connection after its 401. It stops accepting when its stop token is
 //! cancelled and gives open connections a moment to finish.
 
 use super::Ingress;
 use super::answer::Answer;
 use crate::config::{ClientIdentity, HttpIngress};
 pub use crate::listen::ListenError;
-use crate::telemetry::Telemetry;
+use crate::listen::gate::{BusyMarker, Gate};
+use crate::telemetry::{self, Telemetry};
 use http_body_util::Full;
 use hyper::body::Bytes;
-use hyper::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE};
+use hyper::header::{CONNECTION, CONTENT_TYPE, HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Response, StatusCode};
@@ -87,28 +91,38 @@ impl Listener {
         telemetry.http_listening(self.addr, self.tls.is_some());
         let config = &ingress.config;
         let connections = TaskTracker::new();
-        let slots = Arc::new(tokio::sync::Semaphore::new(config.max_connections));
+        let gate = Gate::new(config.max_connections);
         let failed = |e: &std::io::Error| telemetry.http_accept_failed(e);
-        while let Some((stream, slot)) =
-            crate::listen::accept_within(&self.listener, &slots, &stop, failed).await
+        let shed = || telemetry.connection_shed(telemetry::Listener::Ingress);
+        while let Some((stream, admitted)) =
+            crate::listen::accept_within(&self.listener, &gate, &stop, failed, shed).await
         {
-            let _ = stream.set_nodelay(true);
             let (ingress, stop, tls) = (ingress.clone(), stop.clone(), self.tls.clone());
             connections.spawn(async move {
-                let _slot = slot;
-                let header_timeout = ingress.config.header_timeout;
-                match tls {
-                    None => serve_connection(stream, ingress, stop).await,
-                    Some(tls) => {
-                        // The handshake is bounded like the headers it precedes.
-                        match tokio::time::timeout(header_timeout, tls.accept(stream)).await {
-                            Ok(Ok(stream)) => serve_connection(stream, ingress, stop).await,
-                            Ok(Err(e)) => ingress.telemetry.http_connection_failed(&e),
-                            Err(_) => ingress
-                                .telemetry
-                                .http_connection_failed(&"TLS handshake timed out"),
+                let closed = admitted.shed();
+                let served = async {
+                    let header_timeout = ingress.config.header_timeout;
+                    let busy = admitted.busy();
+                    match tls {
+                        None => serve_connection(stream, ingress, busy, stop).await,
+                        Some(tls) => {
+                            // The handshake is bounded like the headers it precedes.
+                            match tokio::time::timeout(header_timeout, tls.accept(stream)).await {
+                                Ok(Ok(stream)) => {
+                                    serve_connection(stream, ingress, busy, stop).await;
+                                }
+                                Ok(Err(e)) => ingress.telemetry.http_connection_failed(&e),
+                                Err(_) => ingress
+                                    .telemetry
+                                    .http_connection_failed(&"TLS handshake timed out"),
+                            }
                         }
                     }
+                };
+                // Closed for room: no request of it was being handled.
+                tokio::select! {
+                    () = served => {}
+                    () = closed.cancelled() => {}
                 }
             });
         }
@@ -117,16 +131,26 @@ impl Listener {
     }
 }
 
-/// Serves one connection's requests until it closes or `stop`.
-async fn serve_connection<S>(stream: S, ingress: Arc<Ingress>, stop: CancellationToken)
-where
+/// Serves one connection's requests until it closes or `stop`, each
+/// marked busy while it is handled.
+async fn serve_connection<S>(
+    stream: S,
+    ingress: Arc<Ingress>,
+    busy: BusyMarker,
+    stop: CancellationToken,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let telemetry: Telemetry = ingress.telemetry.clone();
     let header_timeout = ingress.config.header_timeout;
     let service = service_fn(move |request| {
         let ingress = ingress.clone();
-        async move { Ok::<_, Infallible>(response(ingress.handle(request).await)) }
+        let busy = busy.enter();
+        async move {
+            let answer = ingress.handle(request).await;
+            drop(busy);
+            Ok::<_, Infallible>(response(answer))
+        }
     });
     let connection = http1::Builder::new()
         .timer(TokioTimer::new())
@@ -143,7 +167,22 @@ where
         }
     };
     if let Err(e) = result {
-        telemetry.http_connection_failed(&e);
+        match refused_by_hyper(&e) {
+            Some((code, reason)) => telemetry.http_refused(code, "-", reason),
+            None => telemetry.http_connection_failed(&e),
+        }
+    }
+}
+
+/// The answer hyper itself sent before closing on `error`, if any: a head
+/// too large (431; a URI too long is counted there too) or malformed (400).
+fn refused_by_hyper(error: &hyper::Error) -> Option<(u16, &'static str)> {
+    if error.is_parse_too_large() {
+        Some((431, "the request head is over the limit"))
+    } else if error.is_parse() {
+        Some((400, "the request head is not HTTP/1.1"))
+    } else {
+        None
     }
 }
 
@@ -158,6 +197,8 @@ fn response(answer: Answer) -> Response<Full<Bytes>> {
     }
     if answer.status == StatusCode::UNAUTHORIZED {
         headers.insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        // A client without the token keeps no connection open.
+        headers.insert(CONNECTION, HeaderValue::from_static("close"));
     }
     response
 }

@@ -40,6 +40,25 @@ pub(super) struct ReasonLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct ListenerLabels {
+    pub(super) listener: &'static str,
+}
+
+/// The refusals of the HTTP ingress logged apart, each at most once a
+/// second; any other code shares the last throttle.
+pub(super) const REFUSAL_CODES: [u16; 12] =
+    [400, 401, 403, 404, 405, 408, 409, 413, 415, 429, 431, 501];
+
+/// One refusal code's log throttle.
+#[derive(Default)]
+pub(super) struct RefusalLog {
+    /// When it was last logged, in milliseconds since `started` (0: never).
+    pub(super) logged_ms: AtomicU64,
+    /// Refusals since that line.
+    pub(super) since: AtomicU64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub(super) struct HeaderLabels {
     pub(super) header: &'static str,
 }
@@ -122,6 +141,9 @@ pub(super) struct Metrics {
     pub(super) config_generation: Gauge,
     pub(super) http_requests: Family<CodeLabels, Counter>,
     pub(super) http_seconds: Histogram,
+    /// By [`REFUSAL_CODES`] index, then one for any other code.
+    pub(super) refusal_logs: Vec<RefusalLog>,
+    pub(super) connections_shed: Family<ListenerLabels, Counter>,
     /// By [`Kind`] index: ignored headers of untrusted messages.
     pub(super) untrusted_headers: Vec<Counter>,
     /// By [`Kind`] index: when that kind was last logged, in milliseconds
@@ -149,6 +171,10 @@ impl Metrics {
             config_generation: Gauge::default(),
             http_requests: Family::default(),
             http_seconds: Histogram::new(REQUEST_BUCKETS),
+            refusal_logs: (0..=REFUSAL_CODES.len())
+                .map(|_| RefusalLog::default())
+                .collect(),
+            connections_shed: Family::default(),
             untrusted_headers: Vec::new(),
             untrusted_logged_ms: Kind::all().map(|_| AtomicU64::new(0)).collect(),
             started: Instant::now(),
@@ -241,6 +267,11 @@ impl Metrics {
             "switchyard_http_request_seconds",
             "Time from a request's headers to its answer, per answered request of the HTTP ingress",
             metrics.http_seconds.clone(),
+        );
+        r.register(
+            "switchyard_connections_shed",
+            "Connections a listener (admin or ingress) closed, at its connection limit, to make room for a new one: each had sent nothing, or was between requests",
+            metrics.connections_shed.clone(),
         );
         metrics
     }

@@ -27,6 +27,7 @@ mod metrics;
 mod sessions;
 
 use crate::wire::Ignored;
+pub use http::Listener;
 use metrics::{EndpointLabels, FailoverLabels, Metrics, NodeLabels, ReasonLabels};
 use std::fmt::Display;
 use std::sync::Arc;
@@ -62,9 +63,13 @@ pub struct Telemetry {
 /// again at `now_ms` (at least 1), at most once a minute; claims it if so,
 /// so of threads that race only one logs.
 fn once_a_minute(last: &AtomicU64, now_ms: u64) -> bool {
-    const EVERY_MS: u64 = 60_000;
+    once_every(last, now_ms, 60_000)
+}
+
+/// [`once_a_minute`], at most once every `every_ms`.
+fn once_every(last: &AtomicU64, now_ms: u64, every_ms: u64) -> bool {
     let logged = last.load(Ordering::Relaxed);
-    let due = logged == 0 || now_ms.saturating_sub(logged) >= EVERY_MS;
+    let due = logged == 0 || now_ms.saturating_sub(logged) >= every_ms;
     due && last
         .compare_exchange(logged, now_ms, Ordering::Relaxed, Ordering::Relaxed)
         .is_ok()
@@ -146,7 +151,7 @@ impl Telemetry {
     /// forwarder's (`ignored`): each is counted, and each kind logged at
     /// most once a minute, without its value.
     pub fn untrusted_headers(&self, message_id: &str, user_id: Option<&str>, ignored: Ignored) {
-        let now_ms = (self.metrics.started.elapsed().as_millis() as u64).max(1);
+        let now_ms = self.now_ms();
         for kind in ignored.kinds() {
             let i = kind.index();
             self.metrics.untrusted_headers[i].inc();
@@ -159,6 +164,12 @@ impl Telemetry {
                 );
             }
         }
+    }
+
+    /// Milliseconds since the metrics were made, at least 1 (0 means
+    /// "never" to the throttles).
+    fn now_ms(&self) -> u64 {
+        (self.metrics.started.elapsed().as_millis() as u64).max(1)
     }
 
     /// The forwarder starts: what it runs with.
