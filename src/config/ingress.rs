@@ -5,16 +5,19 @@ use super::raw::RawHttpIngress;
 use super::{HttpIngress, IdentityError, read_client_identity};
 use std::time::Duration;
 
-/// The headers that mean something to HTTP itself, or carry the request's
-/// secrets: never copied into a message, whatever `forward_headers` says.
-const NEVER_FORWARDED: [&str; 6] = [
-    "authorization",
+/// The headers that mean something to HTTP itself: never copied into a
+/// message, whatever `forward_headers` says.
+const HTTP_OWN: [&str; 5] = [
     "content-length",
     "transfer-encoding",
     "connection",
     "host",
-    "cookie",
+    "te",
 ];
+
+/// The headers that carry a client's credentials: a message would carry
+/// them to everyone who reads its queue.
+const CREDENTIALS: [&str; 3] = ["authorization", "proxy-authorization", "cookie"];
 
 pub(super) fn compile_http(raw: &RawHttpIngress, prefetch: u16) -> Result<HttpIngress, InvalidKey> {
     let key = |k: &str| format!("ingress.http.{k}");
@@ -27,8 +30,12 @@ pub(super) fn compile_http(raw: &RawHttpIngress, prefetch: u16) -> Result<HttpIn
             ),
         )
     })?;
-    if raw.tokens.iter().any(|t| t.trim().is_empty()) {
-        return Err(InvalidKey::new(key("tokens"), "holds an empty token"));
+    if let Some(i) = raw.tokens.iter().position(|t| t.trim().is_empty()) {
+        return Err(InvalidKey::new(
+            format!("ingress.http.tokens[{i}]"),
+            "is empty: every token must have a value (leave tokens out for no token, on a \
+             loopback listen only)",
+        ));
     }
     if !listen.ip().is_loopback() && raw.tokens.is_empty() && !raw.allow_anonymous {
         return Err(InvalidKey::new(
@@ -43,6 +50,7 @@ pub(super) fn compile_http(raw: &RawHttpIngress, prefetch: u16) -> Result<HttpIn
     for (name, value) in [
         ("max_body_bytes", raw.max_body_bytes),
         ("request_timeout_ms", raw.request_timeout_ms),
+        ("body_timeout_ms", raw.body_timeout_ms),
         ("idempotency_ttl_ms", raw.idempotency_ttl_ms),
         ("idempotency_max_keys", u64::from(raw.idempotency_max_keys)),
         ("max_connections", u64::from(raw.max_connections)),
@@ -65,10 +73,19 @@ pub(super) fn compile_http(raw: &RawHttpIngress, prefetch: u16) -> Result<HttpIn
                 format!("\"{name}\" is not an HTTP header name"),
             ));
         }
-        if NEVER_FORWARDED.contains(&lower.as_str()) || lower.starts_with(crate::wire::OWN_PREFIX) {
+        let never = if CREDENTIALS.contains(&lower.as_str()) {
+            Some("a credential: messages would carry it to every reader of their queues")
+        } else if HTTP_OWN.contains(&lower.as_str()) {
+            Some("HTTP's own, not the request's content")
+        } else if lower.starts_with(crate::wire::OWN_PREFIX) {
+            Some("the forwarder's own")
+        } else {
+            None
+        };
+        if let Some(why) = never {
             return Err(InvalidKey::new(
                 format!("ingress.http.forward_headers[{i}]"),
-                format!("\"{name}\" is never forwarded (HTTP's own, a secret, or the forwarder's)"),
+                format!("\"{name}\" is never forwarded: {why}"),
             ));
         }
         forward_headers.push(lower);
@@ -99,6 +116,7 @@ pub(super) fn compile_http(raw: &RawHttpIngress, prefetch: u16) -> Result<HttpIn
         max_body_bytes: raw.max_body_bytes,
         max_in_flight,
         request_timeout: Duration::from_millis(raw.request_timeout_ms),
+        body_timeout: Duration::from_millis(raw.body_timeout_ms),
         tokens: raw.tokens.iter().map(|t| t.trim().to_owned()).collect(),
         forward_headers,
         idempotency_ttl: Duration::from_millis(raw.idempotency_ttl_ms),

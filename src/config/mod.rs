@@ -127,6 +127,8 @@ pub struct HttpIngress {
     pub max_in_flight: u32,
     /// How long one request may take.
     pub request_timeout: Duration,
+    /// How long a request's body may take to arrive.
+    pub body_timeout: Duration,
     /// Accepted bearer tokens; empty: anyone who reaches the port.
     pub tokens: Vec<String>,
     /// Request headers copied into the message, lower case.

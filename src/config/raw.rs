@@ -574,8 +574,15 @@ pub struct RawHttpIngress {
     /// in milliseconds; past it the answer is 504.
     #[serde(default = "default_request_timeout_ms")]
     pub request_timeout_ms: u64,
+    /// How long a request's body may take to arrive once its headers have,
+    /// in milliseconds; past it the answer is 408. A body still arriving
+    /// holds a connection, never a `max_in_flight` slot.
+    #[serde(default = "default_body_timeout_ms")]
+    pub body_timeout_ms: u64,
     /// Bearer tokens accepted in `Authorization`; a list, or one string of
-    /// comma-separated tokens (as an environment variable gives it).
+    /// comma-separated tokens (as an environment variable gives it). An
+    /// empty token anywhere (`""`, `","`, `"a,,b"`) is refused, so an
+    /// override cannot switch authentication off.
     #[serde(default, deserialize_with = "list_or_commas")]
     pub tokens: Vec<String>,
     /// A non-loopback `listen` without `tokens` is refused unless this is true.
@@ -613,6 +620,10 @@ fn default_request_timeout_ms() -> u64 {
     30_000
 }
 
+fn default_body_timeout_ms() -> u64 {
+    10_000
+}
+
 fn default_idempotency_ttl_ms() -> u64 {
     600_000
 }
@@ -629,7 +640,9 @@ fn default_header_timeout_ms() -> u64 {
     5_000
 }
 
-/// A list of strings, or one string of comma-separated entries.
+/// A list of strings, or one string of comma-separated entries. Empty
+/// entries are kept, for the key's own check to refuse: `"a,,b"` is a
+/// mistake to name, not two tokens.
 fn list_or_commas<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
@@ -639,11 +652,6 @@ fn list_or_commas<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>,
     }
     Ok(match Form::deserialize(d)? {
         Form::List(items) => items,
-        Form::Text(text) => text
-            .split(',')
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .map(str::to_owned)
-            .collect(),
+        Form::Text(text) => text.split(',').map(|t| t.trim().to_owned()).collect(),
     })
 }

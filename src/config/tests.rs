@@ -918,11 +918,41 @@ fn the_http_ingress_settings_are_checked() {
         ),
         (
             "listen = \"8080\"\ntokens = [\"\"]",
-            "ingress.http.tokens: holds an empty token",
+            "ingress.http.tokens[0]: is empty",
+        ),
+        // The forms an environment variable gives: one string, commas.
+        (
+            "listen = \"8080\"\ntokens = \"\"",
+            "ingress.http.tokens[0]: is empty",
+        ),
+        (
+            "listen = \"8080\"\ntokens = \",\"",
+            "ingress.http.tokens[0]: is empty",
+        ),
+        (
+            "listen = \"8080\"\ntokens = \" \"",
+            "ingress.http.tokens[0]: is empty",
+        ),
+        (
+            "listen = \"8080\"\ntokens = \"a,,b\"",
+            "ingress.http.tokens[1]: is empty",
         ),
         (
             "listen = \"8080\"\nforward_headers = [\"Authorization\"]",
-            "ingress.http.forward_headers[0]: \"Authorization\" is never forwarded",
+            "ingress.http.forward_headers[0]: \"Authorization\" is never forwarded: a credential",
+        ),
+        (
+            "listen = \"8080\"\nforward_headers = [\"x-a\", \"Proxy-Authorization\"]",
+            "ingress.http.forward_headers[1]: \"Proxy-Authorization\" is never forwarded: a \
+             credential",
+        ),
+        (
+            "listen = \"8080\"\nforward_headers = \"Cookie\"",
+            "ingress.http.forward_headers[0]: \"Cookie\" is never forwarded: a credential",
+        ),
+        (
+            "listen = \"8080\"\nbody_timeout_ms = 0",
+            "ingress.http.body_timeout_ms: must be at least 1",
         ),
         (
             "listen = \"8080\"\nforward_headers = [\"x-switchyard-only\"]",

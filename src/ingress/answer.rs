@@ -5,7 +5,7 @@
 //! | --- | --- |
 //! | 202 | every branch confirmed |
 //! | 200 | a retry of a key whose branches were all confirmed: the first answer |
-//! | 400, 401, 405, 408, 413, 415, 431 | refused before anything was published |
+//! | 400, 401, 405, 408, 413, 415, 431, 501 | refused before anything was published |
 //! | 404 | no route (nothing published) |
 //! | 409 | the key was used for another request, or the session is closed |
 //! | 429 | `max_in_flight` reached, or every session slot taken (`Retry-After`) |
@@ -124,7 +124,7 @@ impl Answer {
     /// the branches confirmed by this try and earlier ones of the same key.
     pub fn of(message_id: &str, outcome: Outcome, delivered: &[String]) -> Self {
         let (status, reason, failed) = match outcome.verdict() {
-            Verdict::Commit => (StatusCode::ACCEPTED, "every branch confirmed", Vec::new()),
+            Verdict::Commit => (StatusCode::ACCEPTED, ACCEPTED, Vec::new()),
             // Only once the caller is gone or out of time: it is answered 504.
             Verdict::Abandon => (
                 StatusCode::GATEWAY_TIMEOUT,
@@ -150,25 +150,44 @@ impl Answer {
         Self::new(
             status,
             reason.to_owned(),
-            json!({
-                "message_id": message_id,
-                "outcome": outcome_word(status),
-                "delivered": delivered,
-                "failed": failed,
-                "reason": reason,
-            }),
+            body(message_id, status, delivered, failed, reason),
         )
     }
 
-    /// The first answer of a key, given again (status 200).
-    pub fn again(body: Bytes) -> Self {
+    /// The first `202` of a key whose branches were all confirmed, given
+    /// again with status 200: the same body, made anew from the record.
+    pub fn again(message_id: &str, delivered: &[String]) -> Self {
+        let accepted = Self::new(
+            StatusCode::ACCEPTED,
+            String::new(),
+            body(message_id, StatusCode::ACCEPTED, delivered, Vec::new(), ACCEPTED),
+        );
         Self {
             status: StatusCode::OK,
-            retry_after: None,
-            body,
             reason: "a retry of a request whose every branch was confirmed".to_owned(),
+            ..accepted
         }
     }
+}
+
+/// The reason of a `202`.
+const ACCEPTED: &str = "every branch confirmed";
+
+/// The JSON body of an answer about a message.
+fn body(
+    message_id: &str,
+    status: StatusCode,
+    delivered: &[String],
+    failed: Vec<serde_json::Value>,
+    reason: &str,
+) -> serde_json::Value {
+    json!({
+        "message_id": message_id,
+        "outcome": outcome_word(status),
+        "delivered": delivered,
+        "failed": failed,
+        "reason": reason,
+    })
 }
 
 fn failure(branch: &str, endpoint: &str, error: &str) -> serde_json::Value {
@@ -190,6 +209,7 @@ fn outcome_word(status: StatusCode) -> &'static str {
         431 => "headers-too-large",
         429 => "busy",
         502 => "failed",
+        501 => "not-implemented",
         503 => "unavailable",
         504 => "timeout",
         _ => "error",

@@ -7,9 +7,11 @@
 //!
 //! Memory is bounded: a key is forgotten `idempotency_ttl_ms` after its
 //! last use, and past `idempotency_max_keys` the oldest is forgotten first.
-//! Records live in this process only.
+//! A record keeps its key once (shared by the map and the order of use)
+//! and no copy of the answer, which is made again from the key and the
+//! branches; tests/http_key_memory.rs measures what a key costs. Records
+//! live in this process only.
 
-use hyper::body::Bytes;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -26,17 +28,17 @@ pub struct Records {
 
 #[derive(Default)]
 struct Inner {
-    by_key: HashMap<String, Record>,
+    by_key: HashMap<Arc<str>, Record>,
     /// Keys by last use, oldest first; an entry whose time is not its
     /// record's any more is stale and skipped.
-    order: VecDeque<(Instant, String)>,
+    order: VecDeque<(Instant, Arc<str>)>,
 }
 
 struct Record {
     digest: uuid::Uuid,
     delivered: Vec<String>,
-    /// The answer of the try that completed it.
-    complete: Option<Bytes>,
+    /// Whether a try confirmed every branch.
+    complete: bool,
     /// Set while a try runs; set to true when it ends. A waiter subscribes
     /// under the lock, so it cannot miss the end.
     running: Option<watch::Sender<bool>>,
@@ -47,8 +49,8 @@ struct Record {
 pub enum Begin {
     /// Deliver, skipping the branches named; finish with the ticket.
     Deliver(Ticket, Vec<String>),
-    /// Every branch was confirmed already: this was the answer.
-    Complete(Bytes),
+    /// Every branch was confirmed already: these, in the order they were.
+    Complete(Vec<String>),
     /// The key was used for another request.
     Conflict,
     /// A try with this key runs: wait until this turns true (or its
@@ -60,7 +62,7 @@ pub enum Begin {
 /// [`Ticket::finish`], it ends the try as if nothing was confirmed.
 pub struct Ticket {
     records: Records,
-    key: String,
+    key: Arc<str>,
     done: bool,
 }
 
@@ -90,33 +92,35 @@ impl Records {
             if let Some(running) = &record.running {
                 return Begin::Wait(running.subscribe());
             }
-            if let Some(answer) = &record.complete {
-                return Begin::Complete(answer.clone());
+            if record.complete {
+                return Begin::Complete(record.delivered.clone());
             }
             record.running = Some(watch::Sender::new(false));
             record.used = now;
             let skip = record.delivered.clone();
-            inner.order.push_back((now, key.to_owned()));
+            let key = inner.shared(key);
+            inner.order.push_back((now, key.clone()));
             return Begin::Deliver(self.ticket(key), skip);
         }
+        let key: Arc<str> = key.into();
         inner.by_key.insert(
-            key.to_owned(),
+            key.clone(),
             Record {
                 digest,
                 delivered: Vec::new(),
-                complete: None,
+                complete: false,
                 running: Some(watch::Sender::new(false)),
                 used: now,
             },
         );
-        inner.order.push_back((now, key.to_owned()));
+        inner.order.push_back((now, key.clone()));
         Begin::Deliver(self.ticket(key), Vec::new())
     }
 
-    fn ticket(&self, key: &str) -> Ticket {
+    fn ticket(&self, key: Arc<str>) -> Ticket {
         Ticket {
             records: self.clone(),
-            key: key.to_owned(),
+            key,
             done: false,
         }
     }
@@ -133,6 +137,13 @@ impl Records {
 }
 
 impl Inner {
+    /// The map's own copy of `key`, which must be remembered.
+    fn shared(&self, key: &str) -> Arc<str> {
+        self.by_key
+            .get_key_value(key)
+            .map_or_else(|| key.into(), |(k, _)| k.clone())
+    }
+
     fn forget_old(&mut self, now: Instant, ttl: Duration, max: usize) {
         while let Some((used, key)) = self.order.front() {
             let current = self.by_key.get(key).map(|r| r.used);
@@ -153,18 +164,18 @@ impl Inner {
 }
 
 impl Ticket {
-    /// Ends the try: `delivered` were confirmed now, and `answer` is set
-    /// when every branch of the request now is.
-    pub fn finish(mut self, delivered: &[String], answer: Option<Bytes>) {
+    /// Ends the try: `delivered` were confirmed now, and `complete` when
+    /// every branch of the request now is.
+    pub fn finish(mut self, delivered: &[String], complete: bool) {
         self.done = true;
-        self.end(delivered, answer);
+        self.end(delivered, complete);
     }
 
-    fn end(&self, delivered: &[String], answer: Option<Bytes>) {
+    fn end(&self, delivered: &[String], complete: bool) {
         let mut inner = self.records.lock();
         let now = Instant::now();
-        let nothing = delivered.is_empty() && answer.is_none();
-        let Some(record) = inner.by_key.get_mut(&self.key) else {
+        let nothing = delivered.is_empty() && !complete;
+        let Some(record) = inner.by_key.get_mut(&*self.key) else {
             return;
         };
         for branch in delivered {
@@ -172,14 +183,14 @@ impl Ticket {
                 record.delivered.push(branch.clone());
             }
         }
-        record.complete = answer.or(record.complete.take());
+        record.complete |= complete;
         if let Some(running) = record.running.take() {
             running.send_replace(true);
         }
         record.used = now;
         // A first try that confirmed nothing leaves nothing to remember.
         if nothing && record.delivered.is_empty() {
-            inner.by_key.remove(&self.key);
+            inner.by_key.remove(&*self.key);
         } else {
             inner.order.push_back((now, self.key.clone()));
         }
@@ -189,7 +200,7 @@ impl Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         if !self.done {
-            self.end(&[], None);
+            self.end(&[], false);
         }
     }
 }
@@ -218,15 +229,17 @@ mod tests {
             panic!("a second try waits for the first");
         };
         assert!(matches!(records.begin("k", digest("b")), Begin::Conflict));
-        ticket.finish(&["logging".to_owned()], None);
+        ticket.finish(&["logging".to_owned()], false);
         assert!(
             waiting.wait_for(|done| *done).await.is_ok(),
             "told the first try ended"
         );
         let (ticket, skip) = deliver(records.begin("k", digest("a")));
         assert_eq!(skip, ["logging"]);
-        ticket.finish(&["service".to_owned()], Some("done".into()));
-        assert!(matches!(records.begin("k", digest("a")), Begin::Complete(a) if a == "done"));
+        ticket.finish(&["service".to_owned()], true);
+        assert!(
+            matches!(records.begin("k", digest("a")), Begin::Complete(d) if d == ["logging", "service"])
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -234,12 +247,12 @@ mod tests {
         let records = Records::new(Duration::from_secs(60), 2);
         for key in ["a", "b"] {
             let (ticket, _) = deliver(records.begin(key, digest(key)));
-            ticket.finish(&["x".to_owned()], Some("ok".into()));
+            ticket.finish(&["x".to_owned()], true);
         }
         assert_eq!(records.len(), 2);
         // A third key forgets the oldest.
         let (ticket, _) = deliver(records.begin("c", digest("c")));
-        ticket.finish(&["x".to_owned()], Some("ok".into()));
+        ticket.finish(&["x".to_owned()], true);
         assert_eq!(records.len(), 2);
         assert!(matches!(
             records.begin("a", digest("other")),

@@ -7,10 +7,12 @@
 //! the outcome, and a retry with the same `Idempotency-Key` sends only the
 //! branches not confirmed yet ([`idempotency`]).
 //!
-//! One request, in order: the bearer token (401), the path and method
-//! (404, 405), `Content-Length` against `max_body_bytes` (413), a slot of
-//! `max_in_flight` (429), the body within the limit and the request's time
-//! (413, 408), the message ([`request`], 400), the key's record (200, 409),
+//! One request, in order: a header it is made of given twice (400), the
+//! bearer token (401), the path and method (404, 405), a transfer coding
+//! other than chunked (501), `Content-Length` against `max_body_bytes`
+//! (413), the body within the limit and `body_timeout_ms` (413, 408), the
+//! message ([`request`], 400), a slot of `max_in_flight` (429), so that a
+//! body still arriving holds no slot, the key's record (200, 409),
 //! then the intake: screened and routed (404, 415, 400, 409, 503), and
 //! delivered by a task of the forwarder's that records its outcome even when
 //! the caller has gone or timed out (504). [`server`] bounds connections and
@@ -43,6 +45,9 @@ pub struct Ingress {
     in_flight: Arc<Semaphore>,
     /// The session headers copied into messages (`[sessions]`, when on).
     session_headers: Vec<String>,
+    /// The headers a request may give once only: the token and every one
+    /// the message is made of.
+    single_headers: Vec<String>,
     telemetry: Telemetry,
 }
 
@@ -59,7 +64,19 @@ impl Ingress {
         let session_headers = sessions
             .map(|s| vec![s.id_header.clone(), s.end_header.clone()])
             .unwrap_or_default();
+        let single_headers = [
+            hyper::header::AUTHORIZATION.as_str(),
+            request::IDEMPOTENCY_KEY,
+            hyper::header::CONTENT_TYPE.as_str(),
+            request::CORRELATION_ID,
+        ]
+        .into_iter()
+        .map(str::to_owned)
+        .chain(config.forward_headers.iter().cloned())
+        .chain(session_headers.iter().map(|h| h.to_ascii_lowercase()))
+        .collect();
         Self {
+            single_headers,
             records: Records::new(config.idempotency_ttl, config.idempotency_max_keys),
             in_flight: Arc::new(Semaphore::new(config.max_in_flight as usize)),
             config,
@@ -88,7 +105,7 @@ impl Ingress {
         started: Instant,
     ) -> (Answer, Option<String>) {
         let deadline = started + self.config.request_timeout;
-        let (envelope, keyed, permit) = match self.read(request, deadline).await {
+        let (envelope, keyed, permit) = match self.read(request, started, deadline).await {
             Ok(read) => read,
             Err(r) => return (Answer::refused(r.status, &r.reason), None),
         };
@@ -97,20 +114,36 @@ impl Ingress {
         (answer, Some(message_id))
     }
 
-    /// Everything before a message exists: the token, the path, the
-    /// length, a slot of `max_in_flight`, the body, the mapping. Returns the
-    /// message, whether it carries an `Idempotency-Key`, and its slot.
+    /// Everything before a message exists: the head, the token, the path,
+    /// the length, the body, the mapping, and only then a slot of
+    /// `max_in_flight`. Returns the message, whether it carries an
+    /// `Idempotency-Key`, and its slot.
     async fn read(
         &self,
         request: Request<Incoming>,
+        started: Instant,
         deadline: Instant,
     ) -> Result<(Envelope, bool, OwnedSemaphorePermit), request::Refused> {
         let config = &self.config;
         let headers = request.headers();
         request::check_head(headers)?;
+        request::check_single(headers, &self.single_headers)?;
         request::authorize(headers, &config.tokens)?;
         let routing_key = request::routing_key(request.method(), request.uri().path())?;
+        request::check_transfer_coding(headers)?;
         request::check_length(headers, config.max_body_bytes)?;
+        let (parts, body) = request.into_parts();
+        let body_deadline = started + config.body_timeout;
+        let (by, late) = if body_deadline < deadline {
+            (body_deadline, "ingress.http.body_timeout_ms")
+        } else {
+            (deadline, "ingress.http.request_timeout_ms")
+        };
+        let body = request::read_body(body, config.max_body_bytes, by, late).await?;
+        let request = Request::from_parts(parts, ());
+        let envelope =
+            request::envelope(&request, routing_key, body, config, &self.session_headers)?;
+        let keyed = request.headers().contains_key(request::IDEMPOTENCY_KEY);
         let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
             return Err(request::Refused {
                 status: hyper::StatusCode::TOO_MANY_REQUESTS,
@@ -120,13 +153,6 @@ impl Ingress {
                 ),
             });
         };
-        let (parts, body) = request.into_parts();
-        let within = deadline.saturating_duration_since(Instant::now());
-        let body = request::read_body(body, config.max_body_bytes, within).await?;
-        let request = Request::from_parts(parts, ());
-        let envelope =
-            request::envelope(&request, routing_key, body, config, &self.session_headers)?;
-        let keyed = request.headers().contains_key(request::IDEMPOTENCY_KEY);
         Ok((envelope, keyed, permit))
     }
 
@@ -165,9 +191,7 @@ impl Ingress {
                     let earlier_and_now = [skip, now.clone()].concat();
                     let answer = Answer::of(&message_id, outcome, &earlier_and_now);
                     if let Some(ticket) = ticket {
-                        let complete = (answer.status == hyper::StatusCode::ACCEPTED)
-                            .then(|| answer.body.clone());
-                        ticket.finish(&now, complete);
+                        ticket.finish(&now, answer.status == hyper::StatusCode::ACCEPTED);
                     }
                     answer
                 }
@@ -196,7 +220,7 @@ impl Ingress {
         loop {
             match self.records.begin(key, digest) {
                 Begin::Deliver(ticket, skip) => return Ok((ticket, skip)),
-                Begin::Complete(body) => return Err(Answer::again(body)),
+                Begin::Complete(delivered) => return Err(Answer::again(key, &delivered)),
                 Begin::Conflict => return Err(Answer::conflict(key)),
                 Begin::Wait(mut running) => {
                     let ended = running.wait_for(|done| *done);

@@ -7,11 +7,12 @@ use crate::amqp::{AmqpValue, FieldTable, Properties, ShortString};
 use crate::config::HttpIngress;
 use crate::envelope::Envelope;
 use crate::wire;
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
+use hyper::body::Body;
 use hyper::body::Incoming;
-use hyper::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HeaderMap};
+use hyper::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HeaderMap, TRANSFER_ENCODING};
 use hyper::{Method, Request, StatusCode};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The path prefix of the one route.
 pub const MESSAGES: &str = "/messages/";
@@ -96,7 +97,7 @@ fn percent_decode(text: &str) -> Option<String> {
 }
 
 /// `Ok` when no tokens are configured or the request carries one of them
-/// as `Authorization: Bearer <token>`.
+/// as `Authorization: Bearer <token>` (the scheme in any case, RFC 9110).
 pub fn authorize(headers: &HeaderMap, tokens: &[String]) -> Result<(), Refused> {
     if tokens.is_empty() {
         return Ok(());
@@ -104,11 +105,9 @@ pub fn authorize(headers: &HeaderMap, tokens: &[String]) -> Result<(), Refused> 
     let given = headers
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .map(str::trim);
+        .and_then(|v| v.trim_start().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim());
     let Some(given) = given else {
         return Err(Refused::new(
             StatusCode::UNAUTHORIZED,
@@ -150,6 +149,38 @@ pub fn check_head(headers: &HeaderMap) -> Result<(), Refused> {
     Ok(())
 }
 
+/// A header the message is made of (or the token) given twice is refused:
+/// which one a proxy and the forwarder each took would be a guess.
+pub fn check_single(headers: &HeaderMap, names: &[String]) -> Result<(), Refused> {
+    for name in names {
+        if headers.get_all(name.as_str()).iter().nth(1).is_some() {
+            return Err(Refused::bad(format!(
+                "the {name} header is given more than once; send it once"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A body in any transfer coding but `chunked` is refused (501): the
+/// forwarder would otherwise pass on bytes it did not decode.
+pub fn check_transfer_coding(headers: &HeaderMap) -> Result<(), Refused> {
+    let codings = headers
+        .get_all(TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.to_str().unwrap_or("?").split(','))
+        .map(str::trim);
+    for coding in codings {
+        if !coding.eq_ignore_ascii_case("chunked") {
+            return Err(Refused::new(
+                StatusCode::NOT_IMPLEMENTED,
+                "the only Transfer-Encoding taken is chunked; send the body as it is",
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A `Content-Length` over the limit is refused before the body is read.
 pub fn check_length(headers: &HeaderMap, max: u64) -> Result<(), Refused> {
     let length = headers
@@ -169,18 +200,54 @@ fn too_large(max: u64) -> Refused {
     )
 }
 
-/// Reads the whole body, at most `max` bytes, within `within`.
-pub async fn read_body(body: Incoming, max: u64, within: Duration) -> Result<Vec<u8>, Refused> {
+/// Reads the whole body, at most `max` bytes, by `deadline` (`late` says
+/// which limit that is, for the 408). Each piece is copied into one buffer
+/// and let go at once: HTTP's read buffer is shared by the pieces cut from
+/// it, so keeping them would cost a buffer per read, kilobytes for a byte
+/// trickled alone. The buffer grows with what arrived, never sized by
+/// `Content-Length` ahead of the bytes, and ends no larger than the body's
+/// declared length.
+pub async fn read_body(
+    mut body: Incoming,
+    max: u64,
+    deadline: tokio::time::Instant,
+    late: &str,
+) -> Result<Vec<u8>, Refused> {
     let limit = usize::try_from(max).unwrap_or(usize::MAX);
-    let collected = tokio::time::timeout(within, Limited::new(body, limit).collect()).await;
-    match collected {
-        Err(_) => Err(Refused::new(
-            StatusCode::REQUEST_TIMEOUT,
-            "the body did not arrive within ingress.http.request_timeout_ms",
-        )),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large(max)),
-        Ok(Err(e)) => Err(Refused::bad(format!("the body could not be read: {e}"))),
-        Ok(Ok(collected)) => Ok(collected.to_bytes().into()),
+    let declared = body
+        .size_hint()
+        .exact()
+        .map_or(limit, |n| usize::try_from(n).unwrap_or(limit));
+    let mut buffer = Vec::new();
+    loop {
+        let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+            Err(_) => {
+                return Err(Refused::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    format!("the body did not arrive within {late}"),
+                ));
+            }
+            Ok(None) => return Ok(buffer),
+            Ok(Some(Err(e))) => {
+                return Err(Refused::bad(format!("the body could not be read: {e}")));
+            }
+            Ok(Some(Ok(frame))) => frame,
+        };
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers: nothing of the message
+        };
+        let needed = buffer.len() + data.len();
+        if needed > limit {
+            return Err(too_large(max));
+        }
+        if needed > buffer.capacity() {
+            // Double as a Vec would, but never past the declared length.
+            let wanted = (buffer.capacity() * 2)
+                .max(needed)
+                .min(declared.max(needed));
+            buffer.reserve_exact(wanted - buffer.len());
+        }
+        buffer.extend_from_slice(&data);
     }
 }
 
@@ -219,9 +286,12 @@ pub fn envelope(
     let mut table = FieldTable::default();
     for name in config.forward_headers.iter().chain(session_headers) {
         if let Some(value) = headers.get(name.as_str()) {
+            let text = value
+                .to_str()
+                .map_err(|_| Refused::bad(format!("{name} is not visible ASCII")))?;
             table.insert(
                 name.as_str().into(),
-                AmqpValue::LongString(value.as_bytes().to_vec().into()),
+                AmqpValue::LongString(text.as_bytes().to_vec().into()),
             );
         }
     }
