@@ -98,3 +98,29 @@ pub fn load_average() -> Option<String> {
             .join(" "),
     )
 }
+
+/// Bytes received on the TCP connection from `remote` to `local` that the
+/// process owning `local` has not read yet (`rx_queue` of
+/// `/proc/net/tcp`); `None` when no such IPv4 connection is listed.
+pub fn unread_bytes(local: std::net::SocketAddr, remote: std::net::SocketAddr) -> Option<u64> {
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    let (local, remote) = (proc_net_addr(local)?, proc_net_addr(remote)?);
+    table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.get(1)? != &local || fields.get(2)? != &remote {
+            return None;
+        }
+        let (_, rx) = fields.get(4)?.split_once(':')?;
+        u64::from_str_radix(rx, 16).ok()
+    })
+}
+
+/// An IPv4 address as `/proc/net/tcp` writes it: the address as a
+/// little-endian word, then the port, both in upper-case hex.
+fn proc_net_addr(addr: std::net::SocketAddr) -> Option<String> {
+    let std::net::SocketAddr::V4(v4) = addr else {
+        return None;
+    };
+    let word = u32::from_le_bytes(v4.ip().octets());
+    Some(format!("{word:08X}:{:04X}", v4.port()))
+}
