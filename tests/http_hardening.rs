@@ -108,9 +108,10 @@ async fn slow_oversized_and_idle_clients_are_cut_off_and_forwarding_goes_on() {
     let answer = feeding.await.unwrap_or_else(|e| panic!("{e}"));
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
 
-    // A thousand idle connections against 50 slots: each is closed after
-    // the header timeout, a real request still gets through, and the
-    // inbound queue is forwarded meanwhile.
+    // A thousand idle connections against 50 slots: each is closed (to
+    // make room for a newer one, or after the header timeout), a real
+    // request still gets through, and the inbound queue is forwarded
+    // meanwhile.
     let mut idle = Vec::new();
     for _ in 0..1000 {
         match tokio::time::timeout(Duration::from_millis(200), TcpStream::connect(addr)).await {

@@ -160,7 +160,13 @@ impl Answer {
         let accepted = Self::new(
             StatusCode::ACCEPTED,
             String::new(),
-            body(message_id, StatusCode::ACCEPTED, delivered, Vec::new(), ACCEPTED),
+            body(
+                message_id,
+                StatusCode::ACCEPTED,
+                delivered,
+                Vec::new(),
+                ACCEPTED,
+            ),
         );
         Self {
             status: StatusCode::OK,

@@ -368,9 +368,16 @@ mod tests {
         for (value, ok) in [
             ("Bearer s3cret", true),
             ("Bearer other", true),
+            // The scheme is case-insensitive (RFC 9110), the token is not.
+            ("bearer s3cret", true),
+            ("BEARER s3cret", true),
+            ("BeArEr  s3cret ", true),
+            ("Bearer S3CRET", false),
             ("Bearer s3cre", false),
             ("Bearer s3cretx", false),
+            ("Bearers3cret", false),
             ("Basic s3cret", false),
+            ("s3cret", false),
         ] {
             headers.insert(
                 AUTHORIZATION,
@@ -378,5 +385,86 @@ mod tests {
             );
             assert_eq!(authorize(&headers, &tokens).is_ok(), ok, "{value}");
         }
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            let name = hyper::header::HeaderName::from_bytes(name.as_bytes())
+                .unwrap_or_else(|e| panic!("{e}"));
+            map.append(name, value.parse().unwrap_or_else(|e| panic!("{e}")));
+        }
+        map
+    }
+
+    #[test]
+    fn a_header_the_message_is_made_of_comes_once() {
+        let single = [AUTHORIZATION.as_str(), IDEMPOTENCY_KEY, "x-tenant"].map(str::to_owned);
+        let once = headers(&[
+            ("authorization", "Bearer a"),
+            ("x-other", "1"),
+            ("x-other", "2"),
+        ]);
+        assert!(check_single(&once, &single).is_ok(), "others may repeat");
+        for twice in ["authorization", "idempotency-key", "X-Tenant"] {
+            let given = headers(&[(twice, "a"), (twice, "b")]);
+            let refused = check_single(&given, &single).map_err(|r| r.status);
+            assert_eq!(refused, Err(StatusCode::BAD_REQUEST), "{twice}");
+        }
+    }
+
+    #[test]
+    fn only_the_chunked_transfer_coding_is_taken() {
+        for (codings, ok) in [
+            (&[][..], true),
+            (&["chunked"][..], true),
+            (&["Chunked"][..], true),
+            (&["gzip, chunked"][..], false),
+            (&["gzip", "chunked"][..], false),
+            (&["deflate"][..], false),
+        ] {
+            let pairs: Vec<(&str, &str)> =
+                codings.iter().map(|c| ("transfer-encoding", *c)).collect();
+            let checked = check_transfer_coding(&headers(&pairs)).map_err(|r| r.status);
+            let expected = if ok {
+                Ok(())
+            } else {
+                Err(StatusCode::NOT_IMPLEMENTED)
+            };
+            assert_eq!(checked, expected, "{codings:?}");
+        }
+    }
+
+    #[test]
+    fn a_forwarded_header_must_be_visible_ascii() {
+        let config = crate::config::load_str(
+            "[brokers.main]\nuri = \"amqp://localhost\"\n[endpoints.e]\nbroker = \"main\"\n\
+             routing_key = \"q\"\n[filters.all]\ntype = \"match_all\"\n[[filter_table]]\n\
+             filter = \"all\"\nendpoint = \"e\"\n[ingress.http]\nlisten = \"8080\"\n\
+             forward_headers = [\"x-tenant\"]\n",
+            "test.toml",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let Some(http) = config.http.as_ref() else {
+            panic!("the ingress is configured");
+        };
+        let request = |value: &[u8]| {
+            Request::builder()
+                .method(Method::POST)
+                .uri("/messages/k")
+                .header(
+                    "x-tenant",
+                    hyper::header::HeaderValue::from_bytes(value).unwrap_or_else(|e| panic!("{e}")),
+                )
+                .body(())
+                .unwrap_or_else(|e| panic!("{e}"))
+        };
+        let made = envelope(&request(b"acme corp"), "k".into(), Vec::new(), http, &[]);
+        assert!(made.is_ok(), "{made:?}");
+        let refused = envelope(&request(b"caf\xc3\xa9"), "k".into(), Vec::new(), http, &[]);
+        assert_eq!(
+            refused.map(|_| ()).map_err(|r| r.status),
+            Err(StatusCode::BAD_REQUEST)
+        );
     }
 }
