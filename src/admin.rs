@@ -9,16 +9,17 @@
 //! Anything else is 404 (405 for another method on these paths). Anyone
 //! who can reach the port can hold its resources only so far: at most
 //! [`MAX_CONNECTIONS`] connections are served at once, each serves one
-//! request, whose headers must arrive within 5 s and fit in 16 KiB. When
-//! all are taken, a new client closes one that has sent nothing (or is
-//! still sending its head) instead of waiting behind it
-//! ([`crate::listen::gate`]), so a probe answers under a flood of idle
-//! connections. The server
+//! request, whose headers must arrive within 5 s and fit in 16 KiB. A
+//! connection takes one of them only once its client has sent a byte;
+//! until then it waits in a lobby of its own, where under a flood of idle
+//! connections the one waiting longest makes room for the newest
+//! ([`crate::listen::gate`]), so a probe answers whatever the flood. The
+//! server
 //! stops accepting when its stop token is cancelled, which the forwarder's
 //! run does once it has stopped, and gives open connections a moment to
 //! finish their request.
 
-use crate::listen::gate::Gate;
+use crate::listen::gate::{Gate, Served};
 use crate::telemetry::{Listener, METRICS_CONTENT_TYPE, Telemetry};
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
@@ -37,9 +38,9 @@ use tokio_util::task::TaskTracker;
 
 /// A slow client may take this long to send its request headers.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
-/// Connections served at once. Past it a new connection takes the place
-/// of one that is not handling a request; when every one is, more wait in
-/// the listen backlog (each serves one request, which takes microseconds).
+/// Connections served at once, each once its client has sent a byte (each
+/// serves one request, which takes microseconds). Connections that have
+/// sent nothing wait apart, in the gate's lobby.
 pub const MAX_CONNECTIONS: usize = 32;
 /// The most a request may take in memory, headers included.
 const MAX_REQUEST_BYTES: usize = 16 * 1024;
@@ -119,15 +120,25 @@ impl Admin {
     /// for a moment.
     pub async fn serve(self, telemetry: Telemetry, readiness: Ready, stop: CancellationToken) {
         telemetry.admin_listening(self.addr);
+        crate::listen::deepen_backlog(&self.listener);
         let connections = TaskTracker::new();
         let gate = Gate::new(MAX_CONNECTIONS);
         let failed = |e: &std::io::Error| telemetry.admin_connection_failed(e);
-        let shed = || telemetry.connection_shed(Listener::Admin);
-        while let Some((stream, admitted)) =
-            crate::listen::accept_within(&self.listener, &gate, &stop, failed, shed).await
+        let made_room = || telemetry.connection_shed(Listener::Admin);
+        while let Some(arrived) =
+            crate::listen::accept_within(&self.listener, &gate, &stop, failed, made_room).await
         {
             let (telemetry, readiness, stop) = (telemetry.clone(), readiness.clone(), stop.clone());
             connections.spawn(async move {
+                let Some(served) = arrived.first_byte(HEADER_TIMEOUT, &stop).await else {
+                    return; // sent nothing in time, or closed for room
+                };
+                if served.made_room {
+                    telemetry.connection_shed(Listener::Admin);
+                }
+                let Served {
+                    stream, admitted, ..
+                } = served;
                 let busy = admitted.busy();
                 let service = service_fn(|request| {
                     busy.hold();

@@ -411,10 +411,10 @@ fn open_files(pid: u32) -> usize {
 }
 
 /// Anyone who can reach the admin port holds it only so far: 100
-/// connections that send nothing cost the real binary at most 32 served at
-/// once (its open descriptors stay bounded), each is closed within the
-/// header timeout, `/healthz` answers again once they are gone, and
-/// forwarding goes on meanwhile.
+/// connections that send nothing hold none of its 32 slots (`/healthz`
+/// answers within a second while they are open), cost the real binary a
+/// descriptor each and no more, are each closed within the header timeout,
+/// and forwarding goes on meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_to_the_admin_port_are_bounded_and_forwarding_goes_on() {
     const IDLE: usize = 100;
@@ -449,22 +449,18 @@ async fn idle_connections_to_the_admin_port_are_bounded_and_forwarding_goes_on()
     }
     let most = std::sync::atomic::AtomicUsize::new(0);
     let pid = forwarder.pid();
-    let answered = wait_for(
-        "/healthz answers behind the idle connections",
-        Duration::from_secs(60),
-        || async {
-            most.fetch_max(open_files(pid), std::sync::atomic::Ordering::Relaxed);
-            match tokio::time::timeout(Duration::from_secs(2), http_get(addr, "/healthz")).await {
-                Ok(Ok(response)) => Some(response.status),
-                _ => None,
-            }
-        },
-    )
-    .await;
-    assert_eq!(answered, 200);
+    for _ in 0..5 {
+        most.fetch_max(open_files(pid), std::sync::atomic::Ordering::Relaxed);
+        let answered =
+            tokio::time::timeout(Duration::from_secs(1), http_get(addr, "/healthz")).await;
+        assert!(
+            matches!(&answered, Ok(Ok(r)) if r.status == 200),
+            "/healthz beside {IDLE} idle connections: {answered:?}"
+        );
+    }
     let most = most.into_inner();
     assert!(
-        most <= before + 32 + 4,
+        most <= before + IDLE + 4,
         "open descriptors {most}, {before} before the idle connections"
     );
     // Every idle connection was closed by the forwarder: each reads EOF.

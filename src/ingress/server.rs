@@ -1,9 +1,11 @@
 //! The ingress listener: HTTP/1.1 with keep-alive, over TLS when
 //! `cert_file` and `key_file` are set. At most `max_connections` are served
-//! at once; past it a new client takes the place of a connection that has
-//! sent nothing or sits between requests ([`crate::listen::gate`]), and
-//! waits in the listen backlog only while every connection is handling a
-//! request. A client must send each request's headers within
+//! at once, each once its client has sent a first byte (connections that
+//! have not wait apart, in a lobby where the longest waiting makes room
+//! for the newest); past it a client that has sent a byte takes the place
+//! of a connection between requests, and waits only while every one is
+//! handling a request ([`crate::listen::gate`]). A client must send its
+//! first byte, and then each request's headers, within
 //! `header_timeout_ms` (an idle keep-alive connection is closed after as
 //! long) and they must fit in [`MAX_HEADER_BYTES`]; a refused token closes
 //! the connection after its 401. It stops accepting when its stop token is
@@ -13,7 +15,7 @@ use super::Ingress;
 use super::answer::Answer;
 use crate::config::{ClientIdentity, HttpIngress};
 pub use crate::listen::ListenError;
-use crate::listen::gate::{BusyMarker, Gate};
+use crate::listen::gate::{BusyMarker, Gate, Served};
 use crate::telemetry::{self, Telemetry};
 use http_body_util::Full;
 use hyper::body::Bytes;
@@ -89,20 +91,32 @@ impl Listener {
     pub async fn serve(self, ingress: Arc<Ingress>, stop: CancellationToken) {
         let telemetry = ingress.telemetry.clone();
         telemetry.http_listening(self.addr, self.tls.is_some());
+        crate::listen::deepen_backlog(&self.listener);
         let config = &ingress.config;
         let connections = TaskTracker::new();
         let gate = Gate::new(config.max_connections);
         let failed = |e: &std::io::Error| telemetry.http_accept_failed(e);
-        let shed = || telemetry.connection_shed(telemetry::Listener::Ingress);
-        while let Some((stream, admitted)) =
-            crate::listen::accept_within(&self.listener, &gate, &stop, failed, shed).await
+        let made_room = || telemetry.connection_shed(telemetry::Listener::Ingress);
+        while let Some(arrived) =
+            crate::listen::accept_within(&self.listener, &gate, &stop, failed, made_room).await
         {
             let (ingress, stop, tls) = (ingress.clone(), stop.clone(), self.tls.clone());
             connections.spawn(async move {
+                let header_timeout = ingress.config.header_timeout;
+                let Some(served) = arrived.first_byte(header_timeout, &stop).await else {
+                    return; // sent nothing in time, or closed for room
+                };
+                if served.made_room {
+                    ingress
+                        .telemetry
+                        .connection_shed(telemetry::Listener::Ingress);
+                }
+                let Served {
+                    stream, admitted, ..
+                } = served;
                 let closed = admitted.shed();
-                let served = async {
-                    let header_timeout = ingress.config.header_timeout;
-                    let busy = admitted.busy();
+                let busy = admitted.busy();
+                let serve = async {
                     match tls {
                         None => serve_connection(stream, ingress, busy, stop).await,
                         Some(tls) => {
@@ -121,7 +135,7 @@ impl Listener {
                 };
                 // Closed for room: no request of it was being handled.
                 tokio::select! {
-                    () = served => {}
+                    () = serve => {}
                     () = closed.cancelled() => {}
                 }
             });

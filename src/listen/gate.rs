@@ -1,50 +1,86 @@
-//! The connections of one listener, and which to close when a new one
-//! needs room. A listener serves at most its limit at once; when it is
-//! full and another client connects, the gate closes the connection least
-//! likely to be anybody's work: first one that has sent nothing yet (read
-//! and found empty, not merely accepted a moment ago, whose request may be
-//! waiting to be read), then one between requests (a keep-alive left idle,
-//! or a head still arriving and so not yet authenticated), oldest first. A
-//! connection whose request is being handled is never closed for room. A flood of clients that
-//! connect and say nothing therefore costs a real client one accept, not a
-//! wait in the backlog until the flood's headers time out.
+//! The connections of one listener, in two rooms. A connection accepted
+//! waits in the *lobby* until its client sends a first byte; only then
+//! does it take one of the listener's served slots (its limit) and get a
+//! request read. So a client that connects and says nothing holds a socket
+//! and a small task, never a slot, and the accept loop never waits behind
+//! such clients: when the lobby is full, the connection that has waited
+//! there longest is closed for the new one. A flood of idle connections
+//! thus costs a real client nothing but its own accept.
+//!
+//! When every slot is taken and another client has sent its first byte,
+//! the gate closes a served connection between requests (a keep-alive left
+//! idle, or a head that stopped half-way and so is not yet authenticated),
+//! oldest first. "Between requests" is what the kernel says when the
+//! server's reader finds nothing to read: a connection whose bytes just
+//! came (its handler may be about to start), or whose answer may still be
+//! on its way out, is not chosen until the server has come back to read it
+//! and the socket holds no byte. A connection whose request is being
+//! handled is never closed for room; while every one is, the new client
+//! waits for a slot.
 
+use socket2::SockRef;
 use std::collections::BTreeMap;
 use std::io;
+use std::mem::MaybeUninit;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-/// The served connections of one listener. Cheap to clone.
+/// Connections a lobby holds at least, whatever the listener's limit: a
+/// socket and a task waiting for one byte each, a few hundred bytes.
+pub const LOBBY_MIN: usize = 1024;
+
+/// The connections of one listener. Cheap to clone.
 #[derive(Clone)]
 pub struct Gate {
     inner: Arc<Inner>,
 }
 
 struct Inner {
+    /// Served slots: the listener's limit.
     slots: Arc<Semaphore>,
-    open: Mutex<BTreeMap<u64, Arc<Conn>>>,
+    served: Mutex<BTreeMap<u64, Arc<Conn>>>,
+    /// Connections that have not sent a byte yet, by arrival.
+    lobby: Mutex<BTreeMap<u64, Arc<Waiting>>>,
+    lobby_limit: usize,
     next_id: AtomicU64,
-    /// A connection became one that may be closed for room.
+    /// A served connection became one that may be closed for room.
     idle: Arc<Notify>,
+    /// A connection left the lobby.
+    left: Notify,
 }
 
-/// What a connection's client has sent, as far as the gate knows.
-const FRESH: u8 = 0;
-/// Read, and nothing was there.
-const SILENT: u8 = 1;
-/// At least one byte arrived.
-const HEARD: u8 = 2;
+/// A connection in the lobby, as the gate sees it.
+struct Waiting {
+    /// Its first byte arrived: it waits for a slot, and is not closed for
+    /// room.
+    heard: AtomicBool,
+    /// Cancelled when the gate closes it for room.
+    shed: CancellationToken,
+}
 
-/// One served connection as the gate sees it.
+/// A served connection has just received bytes: a request being read.
+const HEARD: u8 = 0;
+/// A request was answered and the server has not read again since: its
+/// answer may still be being written.
+const ANSWERED: u8 = 1;
+/// Read after an answer, and nothing was there: a keep-alive left idle.
+const IDLE: u8 = 2;
+/// Read after some bytes, and nothing more was there: when no request is
+/// being handled, a head still arriving, and so not yet authenticated.
+const STALLED: u8 = 3;
+
+/// A served connection as the gate sees it.
 struct Conn {
     id: u64,
-    /// [`FRESH`], [`SILENT`] or [`HEARD`].
-    heard: AtomicU8,
+    /// [`HEARD`], [`ANSWERED`], [`IDLE`] or [`STALLED`].
+    state: AtomicU8,
     /// Requests of this connection being handled.
     busy: AtomicUsize,
     /// Cancelled when the gate closes it for room.
@@ -53,95 +89,146 @@ struct Conn {
     idle: Arc<Notify>,
 }
 
-/// A connection's place in the gate: its slot, released (and the
-/// connection forgotten) when dropped.
+/// A connection in the lobby: it leaves when dropped or served.
+pub struct Arrived {
+    id: u64,
+    waiting: Arc<Waiting>,
+    gate: Gate,
+    stream: Option<TcpStream>,
+}
+
+/// A served connection's place: its slot, released (and the connection
+/// forgotten) when dropped.
 pub struct Admitted {
     conn: Arc<Conn>,
     gate: Gate,
     _slot: OwnedSemaphorePermit,
 }
 
-/// A request being handled; the connection is busy until it is dropped.
-pub struct Busy {
-    conn: Arc<Conn>,
+/// What a connection that has sent its first byte gets.
+pub struct Served {
+    /// Its stream, watched for what its client sends.
+    pub stream: Watched,
+    /// Its place among the served connections.
+    pub admitted: Admitted,
+    /// Whether another connection was closed to make room for it.
+    pub made_room: bool,
 }
 
 impl Gate {
-    /// A gate of `limit` connections.
+    /// A gate of `limit` served connections, and a lobby of at least
+    /// [`LOBBY_MIN`].
     pub fn new(limit: usize) -> Self {
+        Self::with_lobby(limit, limit.max(LOBBY_MIN))
+    }
+
+    fn with_lobby(limit: usize, lobby: usize) -> Self {
         Self {
             inner: Arc::new(Inner {
                 slots: Arc::new(Semaphore::new(limit)),
-                open: Mutex::default(),
+                served: Mutex::default(),
+                lobby: Mutex::default(),
+                lobby_limit: lobby,
                 next_id: AtomicU64::new(0),
                 idle: Arc::new(Notify::new()),
+                left: Notify::new(),
             }),
         }
     }
 
-    fn open(&self) -> MutexGuard<'_, BTreeMap<u64, Arc<Conn>>> {
-        self.inner.open.lock().unwrap_or_else(|e| e.into_inner())
+    fn served(&self) -> MutexGuard<'_, BTreeMap<u64, Arc<Conn>>> {
+        self.inner.served.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A slot for a connection just accepted: free at once, or made by
-    /// closing another ([`Self::shed_one`]), or, when every connection is
-    /// handling a request, the first that frees. `None` once `stop` is
-    /// cancelled. The second value says whether a connection was closed.
-    pub async fn admit(&self, stop: &CancellationToken) -> Option<(Admitted, bool)> {
-        let mut shed_any = false;
+    fn lobby(&self) -> MutexGuard<'_, BTreeMap<u64, Arc<Waiting>>> {
+        self.inner.lobby.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes a connection just accepted into the lobby. When the lobby is
+    /// full, the connection waiting there longest without a byte is closed
+    /// for it (the second value says so); only while every one has sent a
+    /// byte and waits for a slot does this wait. `None` once `stop` is
+    /// cancelled.
+    pub async fn arrive(
+        &self,
+        stream: TcpStream,
+        stop: &CancellationToken,
+    ) -> Option<(Arrived, bool)> {
+        let mut made_room = false;
         loop {
-            let slot = match self.inner.slots.clone().try_acquire_owned() {
-                Ok(slot) => slot,
-                Err(_) => {
-                    let notified = self.inner.idle.notified();
-                    let mut notified = std::pin::pin!(notified);
-                    notified.as_mut().enable();
-                    let shed = self.shed_one();
-                    shed_any |= shed;
-                    tokio::select! {
-                        biased;
-                        () = stop.cancelled() => return None,
-                        slot = self.inner.slots.clone().acquire_owned() => slot.ok()?,
-                        () = notified, if !shed => continue,
+            let left = self.inner.left.notified();
+            let mut left = std::pin::pin!(left);
+            left.as_mut().enable();
+            {
+                let mut lobby = self.lobby();
+                if lobby.len() >= self.inner.lobby_limit {
+                    let oldest = lobby
+                        .iter()
+                        .find(|(_, w)| !w.heard.load(Ordering::Acquire))
+                        .map(|(id, _)| *id);
+                    if let Some(waiting) = oldest.and_then(|id| lobby.remove(&id)) {
+                        waiting.shed.cancel();
+                        made_room = true;
                     }
                 }
-            };
-            return Some((self.register(slot), shed_any));
+                if lobby.len() < self.inner.lobby_limit {
+                    let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+                    let waiting = Arc::new(Waiting {
+                        heard: AtomicBool::new(false),
+                        shed: CancellationToken::new(),
+                    });
+                    lobby.insert(id, waiting.clone());
+                    let arrived = Arrived {
+                        id,
+                        waiting,
+                        gate: self.clone(),
+                        stream: Some(stream),
+                    };
+                    return Some((arrived, made_room));
+                }
+            }
+            tokio::select! {
+                () = stop.cancelled() => return None,
+                () = left => {}
+            }
         }
     }
 
-    fn register(&self, slot: OwnedSemaphorePermit) -> Admitted {
-        let conn = Arc::new(Conn {
-            id: self.inner.next_id.fetch_add(1, Ordering::Relaxed),
-            heard: AtomicU8::new(FRESH),
-            busy: AtomicUsize::new(0),
-            shed: CancellationToken::new(),
-            idle: self.inner.idle.clone(),
-        });
-        self.open().insert(conn.id, conn.clone());
-        Admitted {
-            conn,
-            gate: self.clone(),
-            _slot: slot,
+    /// A served slot for a connection that has sent a byte: free at once,
+    /// or made by closing a served connection between requests
+    /// ([`Self::shed_one`]), or, while every one is handling a request,
+    /// the first that frees. The second value says whether one was closed.
+    async fn slot(&self, stop: &CancellationToken) -> Option<(OwnedSemaphorePermit, bool)> {
+        let mut made_room = false;
+        loop {
+            if let Ok(slot) = self.inner.slots.clone().try_acquire_owned() {
+                return Some((slot, made_room));
+            }
+            let idle = self.inner.idle.notified();
+            let mut idle = std::pin::pin!(idle);
+            idle.as_mut().enable();
+            let shed = self.shed_one();
+            made_room |= shed;
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => return None,
+                slot = self.inner.slots.clone().acquire_owned() => return Some((slot.ok()?, made_room)),
+                () = idle, if !shed => {}
+            }
         }
     }
 
-    /// Closes the open connection least likely to be a client's work:
-    /// the oldest that has sent nothing, else the oldest between
-    /// requests. False when every connection is handling a request or has
-    /// not been read yet.
+    /// Closes the served connection between requests that has been open
+    /// longest. False when every one is handling a request, or has not
+    /// been read since its bytes came or its answer was given.
     fn shed_one(&self) -> bool {
-        let open = self.open();
-        let idle = |c: &&Arc<Conn>| {
+        let served = self.served();
+        let between = served.values().find(|c| {
             c.busy.load(Ordering::Acquire) == 0
-                && c.heard.load(Ordering::Acquire) != FRESH
+                && matches!(c.state.load(Ordering::Acquire), IDLE | STALLED)
                 && !c.shed.is_cancelled()
-        };
-        let silent = open
-            .values()
-            .filter(idle)
-            .find(|c| c.heard.load(Ordering::Acquire) == SILENT);
-        match silent.or_else(|| open.values().find(idle)) {
+        });
+        match between {
             Some(conn) => {
                 conn.shed.cancel();
                 true
@@ -150,33 +237,83 @@ impl Gate {
         }
     }
 
-    /// How many connections are open.
+    /// How many connections are served.
     pub fn len(&self) -> usize {
-        self.open().len()
+        self.served().len()
     }
 
-    /// Whether no connection is open.
+    /// Whether no connection is served.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }
 
-impl Admitted {
-    /// `io` watched for the client's first byte.
-    pub fn watch<S>(&self, io: S) -> Watched<S> {
-        Watched {
-            io,
-            conn: self.conn.clone(),
+impl Arrived {
+    /// Waits in the lobby for the client's first byte, within `within`,
+    /// then for a served slot. `None` when the client sent nothing in
+    /// time, the gate closed the connection for room, or `stop`.
+    pub async fn first_byte(
+        mut self,
+        within: Duration,
+        stop: &CancellationToken,
+    ) -> Option<Served> {
+        let stream = self.stream.take()?;
+        let shed = self.waiting.shed.clone();
+        // A peek, not `readable()`: readiness can be reported with nothing
+        // to read, and a peek waits for a byte that is really there.
+        let mut byte = [0u8; 1];
+        let peeked = tokio::select! {
+            () = stop.cancelled() => return None,
+            () = shed.cancelled() => return None,
+            peeked = tokio::time::timeout(within, stream.peek(&mut byte)) => peeked,
+        };
+        if !matches!(peeked, Ok(Ok(1))) {
+            return None; // nothing in time, the client gone, or an error
         }
+        self.waiting.heard.store(true, Ordering::Release);
+        let gate = self.gate.clone();
+        let (slot, made_room) = tokio::select! {
+            () = shed.cancelled() => return None,
+            slot = gate.slot(stop) => slot?,
+        };
+        drop(self);
+        let conn = Arc::new(Conn {
+            id: gate.inner.next_id.fetch_add(1, Ordering::Relaxed),
+            state: AtomicU8::new(HEARD),
+            busy: AtomicUsize::new(0),
+            shed: CancellationToken::new(),
+            idle: gate.inner.idle.clone(),
+        });
+        gate.served().insert(conn.id, conn.clone());
+        Some(Served {
+            stream: Watched {
+                io: stream,
+                conn: conn.clone(),
+            },
+            admitted: Admitted {
+                conn,
+                gate,
+                _slot: slot,
+            },
+            made_room,
+        })
     }
+}
 
+impl Drop for Arrived {
+    fn drop(&mut self) {
+        self.gate.lobby().remove(&self.id);
+        self.gate.inner.left.notify_one();
+    }
+}
+
+impl Admitted {
     /// Cancelled when the gate closes this connection for room.
     pub fn shed(&self) -> CancellationToken {
         self.conn.shed.clone()
     }
 
-    /// Marks a request of this connection as being handled until the
-    /// returned guard is dropped.
+    /// Marks this connection's requests as being handled ([`BusyMarker`]).
     pub fn busy(&self) -> BusyMarker {
         BusyMarker {
             conn: self.conn.clone(),
@@ -186,13 +323,18 @@ impl Admitted {
 
 impl Drop for Admitted {
     fn drop(&mut self) {
-        self.gate.open().remove(&self.conn.id);
+        self.gate.served().remove(&self.conn.id);
     }
 }
 
 /// Hands out [`Busy`] guards for one connection's requests.
 #[derive(Clone)]
 pub struct BusyMarker {
+    conn: Arc<Conn>,
+}
+
+/// A request being handled; the connection is busy until it is dropped.
+pub struct Busy {
     conn: Arc<Conn>,
 }
 
@@ -204,9 +346,7 @@ impl BusyMarker {
             conn: self.conn.clone(),
         }
     }
-}
 
-impl BusyMarker {
     /// The connection handles a request until it closes: for a listener
     /// that serves one request per connection, so that its answer is not
     /// cut off while being written.
@@ -218,18 +358,48 @@ impl BusyMarker {
 impl Drop for Busy {
     fn drop(&mut self) {
         if self.conn.busy.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // Between requests only once the server reads again and finds
+            // nothing.
+            self.conn.state.store(ANSWERED, Ordering::Release);
+        }
+    }
+}
+
+/// A served connection's stream, noting whether its client is sending.
+pub struct Watched {
+    io: TcpStream,
+    conn: Arc<Conn>,
+}
+
+impl Watched {
+    /// Whether the socket holds no byte to read, by the kernel's word (a
+    /// read that is not ready only says the reactor has not looked yet).
+    fn holds_nothing(&self) -> bool {
+        let mut byte = [MaybeUninit::uninit()];
+        matches!(
+            SockRef::from(&self.io).peek(&mut byte),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock
+        )
+    }
+
+    /// A read was not ready: if the socket really holds nothing, the
+    /// connection is between requests (idle or stalled), and a client
+    /// waiting for a slot is told.
+    fn found_nothing(&self) {
+        let state = &self.conn.state;
+        let now = match state.load(Ordering::Acquire) {
+            ANSWERED => IDLE,
+            HEARD => STALLED,
+            _ => return,
+        };
+        if self.holds_nothing() {
+            state.store(now, Ordering::Release);
             self.conn.idle.notify_one();
         }
     }
 }
 
-/// A connection's stream, noting whether its client has sent anything.
-pub struct Watched<S> {
-    io: S,
-    conn: Arc<Conn>,
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
+impl AsyncRead for Watched {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -237,19 +407,16 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
     ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.io).poll_read(cx, buf);
-        let conn = &self.conn;
-        if conn.heard.load(Ordering::Relaxed) != HEARD {
-            if buf.filled().len() > before {
-                conn.heard.store(HEARD, Ordering::Release);
-            } else if polled.is_pending() && conn.heard.swap(SILENT, Ordering::AcqRel) == FRESH {
-                conn.idle.notify_one();
-            }
+        if buf.filled().len() > before {
+            self.conn.state.store(HEARD, Ordering::Release);
+        } else if polled.is_pending() {
+            self.found_nothing();
         }
         polled
     }
 }
 
-impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
+impl AsyncWrite for Watched {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -280,90 +447,4 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn heard(admitted: &Admitted) {
-        admitted.conn.heard.store(HEARD, Ordering::Release);
-    }
-
-    fn read_nothing(admitted: &Admitted) {
-        admitted.conn.heard.store(SILENT, Ordering::Release);
-    }
-
-    #[tokio::test]
-    async fn room_is_made_from_the_silent_then_the_idle_never_the_busy() {
-        let gate = Gate::new(3);
-        let stop = CancellationToken::new();
-        let admit = async || gate.admit(&stop).await.map(|(a, _)| a);
-        let (Some(busy), Some(idle), Some(silent)) = (admit().await, admit().await, admit().await)
-        else {
-            panic!("three free slots");
-        };
-        heard(&busy);
-        heard(&idle);
-        read_nothing(&silent);
-        let _request = busy.busy().enter();
-
-        // Full: the one that said nothing goes first, though it is the newest.
-        let (fourth, shed) = tokio::time::timeout(Duration::from_secs(1), async {
-            let admitting = gate.admit(&stop);
-            let mut admitting = std::pin::pin!(admitting);
-            let closed = silent.shed();
-            tokio::select! {
-                got = admitting.as_mut() => panic!("admitted before any slot was freed: {}", got.is_some()),
-                () = closed.cancelled() => {}
-            }
-            drop(silent);
-            admitting.await
-        })
-        .await
-        .ok()
-        .flatten()
-        .unwrap_or_else(|| panic!("a slot after the silent connection closed"));
-        assert!(shed);
-
-        // Then the one between requests; neither the busy one nor the one
-        // not read yet (its request may be waiting) is ever chosen.
-        assert!(gate.shed_one());
-        assert!(idle.shed().is_cancelled());
-        assert!(!busy.shed().is_cancelled() && !fourth.shed().is_cancelled());
-        drop(idle);
-        assert!(!gate.shed_one(), "one busy, one not read yet");
-        assert_eq!(gate.len(), 2);
-        read_nothing(&fourth);
-        assert!(gate.shed_one(), "read, and nothing was there");
-        assert!(fourth.shed().is_cancelled());
-    }
-
-    #[tokio::test]
-    async fn a_full_gate_of_busy_connections_admits_when_one_turns_idle() {
-        let gate = Gate::new(1);
-        let stop = CancellationToken::new();
-        let (only, _) = gate
-            .admit(&stop)
-            .await
-            .unwrap_or_else(|| panic!("a free slot"));
-        heard(&only);
-        let request = only.busy().enter();
-        let gate2 = gate.clone();
-        let stop2 = stop.clone();
-        let waiting = tokio::spawn(async move { gate2.admit(&stop2).await.map(|(_, shed)| shed) });
-        tokio::task::yield_now().await;
-        assert!(
-            !waiting.is_finished(),
-            "no room while the only connection is busy"
-        );
-        drop(request);
-        let shed = tokio::time::timeout(Duration::from_secs(1), async {
-            only.shed().cancelled().await;
-            drop(only);
-            waiting.await
-        })
-        .await;
-        assert!(matches!(shed, Ok(Ok(Some(true)))), "{shed:?}");
-        stop.cancel();
-    }
-
-    use std::time::Duration;
-}
+mod tests;

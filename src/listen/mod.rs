@@ -5,25 +5,38 @@
 
 pub mod gate;
 
-use gate::{Admitted, Gate, Watched};
+use gate::{Arrived, Gate};
+use socket2::SockRef;
 use std::time::Duration;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-/// The next connection, watched for its first byte, with its place in
-/// `gate`; `None` once `stop` is cancelled. A connection is accepted
-/// before its slot is found, so that a full gate makes room only for a
-/// client that is really there ([`Gate::admit`]); `shed` is told each
-/// connection closed for room. A failed accept (out of descriptors, most
-/// likely) is told to `failed`, then the next is tried after a pause
-/// rather than in a spin.
+/// Connections the system may hold for a listener before it accepts them
+/// (the kernel caps it at `net.core.somaxconn`). A burst of clients past
+/// the backlog has its handshakes dropped, a real client's among them,
+/// which then waits a second for its retry: the backlog should outlast a
+/// burst while the accept loop, which never waits for a slot, drains it.
+pub const BACKLOG: i32 = 4096;
+
+/// Gives `listener` the [`BACKLOG`] (listening again on a listening socket
+/// only changes its backlog); a system that refuses keeps the one it had.
+pub fn deepen_backlog(listener: &TcpListener) {
+    let _ = SockRef::from(listener).listen(BACKLOG);
+}
+
+/// The next connection, in `gate`'s lobby; `None` once `stop` is
+/// cancelled. The caller waits for its first byte
+/// ([`Arrived::first_byte`]) before serving it; `made_room` is told each
+/// connection closed to make room in the lobby. A failed accept (out of
+/// descriptors, most likely) is told to `failed`, then the next is tried
+/// after a pause rather than in a spin.
 pub async fn accept_within(
     listener: &TcpListener,
     gate: &Gate,
     stop: &CancellationToken,
     failed: impl Fn(&std::io::Error),
-    shed: impl Fn(),
-) -> Option<(Watched<TcpStream>, Admitted)> {
+    made_room: impl Fn(),
+) -> Option<Arrived> {
     loop {
         let accepted = tokio::select! {
             () = stop.cancelled() => return None,
@@ -33,11 +46,11 @@ pub async fn accept_within(
             Ok((stream, _)) => {
                 // Answers are small and written whole: no delay for more.
                 let _ = stream.set_nodelay(true);
-                let (admitted, closed) = gate.admit(stop).await?;
+                let (arrived, closed) = gate.arrive(stream, stop).await?;
                 if closed {
-                    shed();
+                    made_room();
                 }
-                return Some((admitted.watch(stream), admitted));
+                return Some(arrived);
             }
             Err(e) => {
                 failed(&e);
