@@ -599,7 +599,8 @@ pub struct RawHttpIngress {
     /// The most keys remembered at once; the oldest is forgotten first.
     #[serde(default = "default_idempotency_max_keys")]
     pub idempotency_max_keys: u32,
-    /// Connections served at once; more wait in the listen backlog.
+    /// Connections served at once, each once its client has sent a byte;
+    /// connections that have not wait in a lobby of their own.
     #[serde(default = "default_max_connections")]
     pub max_connections: u32,
     /// How long a client may take to send a request's headers, and how long
