@@ -64,6 +64,16 @@ async fn stop_process(mut process: Process, broker: &TestBroker, p: &str) {
     delete_all_with_prefix(p).await;
 }
 
+/// Waits until the service and logging queues of prefix `p` hold `n`
+/// copies each, and checks they hold no more.
+async fn both_hold_exactly(broker: &TestBroker, p: &str, n: u32) {
+    for queue in ["service", "logging"] {
+        let queue = format!("{p}.{queue}");
+        broker.await_count(&queue, n, DEFAULT_TIMEOUT).await;
+        assert_eq!(broker.queue_len(&queue).await, n, "{queue}");
+    }
+}
+
 async fn metrics(admin: SocketAddr) -> Metrics {
     let page = http_get(admin, "/metrics")
         .await
@@ -212,11 +222,7 @@ async fn trickled_bodies_cost_memory_by_the_bytes_received_not_the_segments() {
     );
 
     let copies = 20 + CONNECTIONS as u32 + 1;
-    for queue in ["service", "logging"] {
-        broker
-            .await_count(&format!("{p}.{queue}"), copies, DEFAULT_TIMEOUT)
-            .await;
-    }
+    both_hold_exactly(&broker, &p, copies).await;
     stop_process(process, &broker, &p).await;
 }
 
@@ -272,15 +278,8 @@ async fn slow_bodies_hold_no_slot_and_finished_requests_are_served_at_once() {
         assert_eq!(status_of(&answer), 408, "{answer}");
         assert!(answer.contains("body_timeout_ms"), "{answer}");
     }
-    for queue in ["service", "logging"] {
-        let queue = format!("{p}.{queue}");
-        broker.await_count(&queue, sent, DEFAULT_TIMEOUT).await;
-        assert_eq!(
-            broker.queue_len(&queue).await,
-            sent,
-            "only the complete requests"
-        );
-    }
+    // Only the complete requests: nothing of the cut-off bodies.
+    both_hold_exactly(&broker, &p, sent).await;
     stop_clean(running, &broker, &p).await;
 }
 
@@ -454,11 +453,7 @@ async fn floods_of_idle_connections_hold_no_slot_so_probes_and_requests_answer_i
         during.0, during.1
     );
     let during = during.0 as u32;
-    for queue in ["service", "logging"] {
-        broker
-            .await_count(&format!("{p}.{queue}"), during, DEFAULT_TIMEOUT)
-            .await;
-    }
+    both_hold_exactly(&broker, &p, during).await;
     stop_process(process, &broker, &p).await;
 }
 
@@ -607,11 +602,8 @@ async fn odd_requests_are_refused_and_the_scheme_is_matched_in_any_case() {
     assert_eq!(status_of(&answer), 400, "{answer}");
     assert!(answer.contains("x-tenant is not visible ASCII"), "{answer}");
 
-    for queue in ["service", "logging"] {
-        let queue = format!("{p}.{queue}");
-        broker.await_count(&queue, 3, DEFAULT_TIMEOUT).await;
-        assert_eq!(broker.queue_len(&queue).await, 3, "only the accepted");
-    }
+    // Only the three accepted.
+    both_hold_exactly(&broker, &p, 3).await;
     stop_clean(running, &broker, &p).await;
 }
 
