@@ -122,23 +122,21 @@ impl Admin {
         telemetry.admin_listening(self.addr);
         crate::listen::deepen_backlog(&self.listener);
         let connections = TaskTracker::new();
-        let gate = Gate::new(MAX_CONNECTIONS);
+        let counted = telemetry.clone();
+        let gate = Gate::new(MAX_CONNECTIONS, move || {
+            counted.connection_shed(Listener::Admin);
+        });
         let failed = |e: &std::io::Error| telemetry.admin_connection_failed(e);
-        let made_room = || telemetry.connection_shed(Listener::Admin);
         while let Some(arrived) =
-            crate::listen::accept_within(&self.listener, &gate, &stop, failed, made_room).await
+            crate::listen::accept_within(&self.listener, &gate, &stop, failed).await
         {
             let (telemetry, readiness, stop) = (telemetry.clone(), readiness.clone(), stop.clone());
             connections.spawn(async move {
-                let Some(served) = arrived.first_byte(HEADER_TIMEOUT, &stop).await else {
+                let Some(Served { stream, admitted }) =
+                    arrived.first_byte(HEADER_TIMEOUT, &stop).await
+                else {
                     return; // sent nothing in time, or closed for room
                 };
-                if served.made_room {
-                    telemetry.connection_shed(Listener::Admin);
-                }
-                let Served {
-                    stream, admitted, ..
-                } = served;
                 let busy = admitted.busy();
                 let service = service_fn(|request| {
                     busy.hold();

@@ -157,21 +157,18 @@ impl Answer {
     /// The first `202` of a key whose branches were all confirmed, given
     /// again with status 200: the same body, made anew from the record.
     pub fn again(message_id: &str, delivered: &[String]) -> Self {
-        let accepted = Self::new(
+        let accepted = body(
+            message_id,
             StatusCode::ACCEPTED,
-            String::new(),
-            body(
-                message_id,
-                StatusCode::ACCEPTED,
-                delivered,
-                Vec::new(),
-                ACCEPTED,
-            ),
+            delivered,
+            Vec::new(),
+            ACCEPTED,
         );
         Self {
             status: StatusCode::OK,
+            retry_after: None,
+            body: Bytes::from(accepted.to_string()),
             reason: "a retry of a request whose every branch was confirmed".to_owned(),
-            ..accepted
         }
     }
 }

@@ -94,26 +94,22 @@ impl Listener {
         crate::listen::deepen_backlog(&self.listener);
         let config = &ingress.config;
         let connections = TaskTracker::new();
-        let gate = Gate::new(config.max_connections);
+        let counted = telemetry.clone();
+        let gate = Gate::new(config.max_connections, move || {
+            counted.connection_shed(telemetry::Listener::Ingress);
+        });
         let failed = |e: &std::io::Error| telemetry.http_accept_failed(e);
-        let made_room = || telemetry.connection_shed(telemetry::Listener::Ingress);
         while let Some(arrived) =
-            crate::listen::accept_within(&self.listener, &gate, &stop, failed, made_room).await
+            crate::listen::accept_within(&self.listener, &gate, &stop, failed).await
         {
             let (ingress, stop, tls) = (ingress.clone(), stop.clone(), self.tls.clone());
             connections.spawn(async move {
                 let header_timeout = ingress.config.header_timeout;
-                let Some(served) = arrived.first_byte(header_timeout, &stop).await else {
+                let Some(Served { stream, admitted }) =
+                    arrived.first_byte(header_timeout, &stop).await
+                else {
                     return; // sent nothing in time, or closed for room
                 };
-                if served.made_room {
-                    ingress
-                        .telemetry
-                        .connection_shed(telemetry::Listener::Ingress);
-                }
-                let Served {
-                    stream, admitted, ..
-                } = served;
                 let closed = admitted.shed();
                 let busy = admitted.busy();
                 let serve = async {

@@ -54,6 +54,8 @@ struct Inner {
     idle: Arc<Notify>,
     /// A connection left the lobby.
     left: Notify,
+    /// Told each connection closed to make room for another.
+    made_room: Box<dyn Fn() + Send + Sync>,
 }
 
 /// A connection in the lobby, as the gate sees it.
@@ -111,18 +113,21 @@ pub struct Served {
     pub stream: Watched,
     /// Its place among the served connections.
     pub admitted: Admitted,
-    /// Whether another connection was closed to make room for it.
-    pub made_room: bool,
 }
 
 impl Gate {
-    /// A gate of `limit` served connections, and a lobby of at least
-    /// [`LOBBY_MIN`].
-    pub fn new(limit: usize) -> Self {
-        Self::with_lobby(limit, limit.max(LOBBY_MIN))
+    /// A gate of `limit` served connections and a lobby of at least
+    /// [`LOBBY_MIN`]; `made_room` is told each connection closed to make
+    /// room for another, in either.
+    pub fn new(limit: usize, made_room: impl Fn() + Send + Sync + 'static) -> Self {
+        Self::with_lobby(limit, limit.max(LOBBY_MIN), made_room)
     }
 
-    fn with_lobby(limit: usize, lobby: usize) -> Self {
+    fn with_lobby(
+        limit: usize,
+        lobby: usize,
+        made_room: impl Fn() + Send + Sync + 'static,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 slots: Arc::new(Semaphore::new(limit)),
@@ -132,6 +137,7 @@ impl Gate {
                 next_id: AtomicU64::new(0),
                 idle: Arc::new(Notify::new()),
                 left: Notify::new(),
+                made_room: Box::new(made_room),
             }),
         }
     }
@@ -146,15 +152,9 @@ impl Gate {
 
     /// Takes a connection just accepted into the lobby. When the lobby is
     /// full, the connection waiting there longest without a byte is closed
-    /// for it (the second value says so); only while every one has sent a
-    /// byte and waits for a slot does this wait. `None` once `stop` is
-    /// cancelled.
-    pub async fn arrive(
-        &self,
-        stream: TcpStream,
-        stop: &CancellationToken,
-    ) -> Option<(Arrived, bool)> {
-        let mut made_room = false;
+    /// for it; only while every one has sent a byte and waits for a slot
+    /// does this wait. `None` once `stop` is cancelled.
+    pub async fn arrive(&self, stream: TcpStream, stop: &CancellationToken) -> Option<Arrived> {
         loop {
             let left = self.inner.left.notified();
             let mut left = std::pin::pin!(left);
@@ -168,7 +168,7 @@ impl Gate {
                         .map(|(id, _)| *id);
                     if let Some(waiting) = oldest.and_then(|id| lobby.remove(&id)) {
                         waiting.shed.cancel();
-                        made_room = true;
+                        (self.inner.made_room)();
                     }
                 }
                 if lobby.len() < self.inner.lobby_limit {
@@ -184,7 +184,7 @@ impl Gate {
                         gate: self.clone(),
                         stream: Some(stream),
                     };
-                    return Some((arrived, made_room));
+                    return Some(arrived);
                 }
             }
             tokio::select! {
@@ -197,22 +197,20 @@ impl Gate {
     /// A served slot for a connection that has sent a byte: free at once,
     /// or made by closing a served connection between requests
     /// ([`Self::shed_one`]), or, while every one is handling a request,
-    /// the first that frees. The second value says whether one was closed.
-    async fn slot(&self, stop: &CancellationToken) -> Option<(OwnedSemaphorePermit, bool)> {
-        let mut made_room = false;
+    /// the first that frees.
+    async fn slot(&self, stop: &CancellationToken) -> Option<OwnedSemaphorePermit> {
         loop {
             if let Ok(slot) = self.inner.slots.clone().try_acquire_owned() {
-                return Some((slot, made_room));
+                return Some(slot);
             }
             let idle = self.inner.idle.notified();
             let mut idle = std::pin::pin!(idle);
             idle.as_mut().enable();
             let shed = self.shed_one();
-            made_room |= shed;
             tokio::select! {
                 biased;
                 () = stop.cancelled() => return None,
-                slot = self.inner.slots.clone().acquire_owned() => return Some((slot.ok()?, made_room)),
+                slot = self.inner.slots.clone().acquire_owned() => return slot.ok(),
                 () = idle, if !shed => {}
             }
         }
@@ -231,6 +229,7 @@ impl Gate {
         match between {
             Some(conn) => {
                 conn.shed.cancel();
+                (self.inner.made_room)();
                 true
             }
             None => false,
@@ -238,13 +237,9 @@ impl Gate {
     }
 
     /// How many connections are served.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.served().len()
-    }
-
-    /// Whether no connection is served.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
@@ -272,7 +267,7 @@ impl Arrived {
         }
         self.waiting.heard.store(true, Ordering::Release);
         let gate = self.gate.clone();
-        let (slot, made_room) = tokio::select! {
+        let slot = tokio::select! {
             () = shed.cancelled() => return None,
             slot = gate.slot(stop) => slot?,
         };
@@ -295,7 +290,6 @@ impl Arrived {
                 gate,
                 _slot: slot,
             },
-            made_room,
         })
     }
 }

@@ -26,8 +26,7 @@ pub fn deepen_backlog(listener: &TcpListener) {
 
 /// The next connection, in `gate`'s lobby; `None` once `stop` is
 /// cancelled. The caller waits for its first byte
-/// ([`Arrived::first_byte`]) before serving it; `made_room` is told each
-/// connection closed to make room in the lobby. A failed accept (out of
+/// ([`Arrived::first_byte`]) before serving it. A failed accept (out of
 /// descriptors, most likely) is told to `failed`, then the next is tried
 /// after a pause rather than in a spin.
 pub async fn accept_within(
@@ -35,7 +34,6 @@ pub async fn accept_within(
     gate: &Gate,
     stop: &CancellationToken,
     failed: impl Fn(&std::io::Error),
-    made_room: impl Fn(),
 ) -> Option<Arrived> {
     loop {
         let accepted = tokio::select! {
@@ -46,11 +44,7 @@ pub async fn accept_within(
             Ok((stream, _)) => {
                 // Answers are small and written whole: no delay for more.
                 let _ = stream.set_nodelay(true);
-                let (arrived, closed) = gate.arrive(stream, stop).await?;
-                if closed {
-                    made_room();
-                }
-                return Some(arrived);
+                return gate.arrive(stream, stop).await;
             }
             Err(e) => {
                 failed(&e);

@@ -65,9 +65,7 @@ impl Telemetry {
             .iter()
             .position(|c| *c == code)
             .unwrap_or(REFUSAL_CODES.len());
-        let Some(log) = self.metrics.refusal_logs.get(slot) else {
-            return;
-        };
+        let log = &self.metrics.refusal_logs[slot];
         log.since.fetch_add(1, Ordering::Relaxed);
         if super::once_every(&log.logged_ms, self.now_ms(), REFUSAL_LOG_EVERY_MS) {
             let refused = log.since.swap(0, Ordering::Relaxed);

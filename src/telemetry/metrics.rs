@@ -142,7 +142,7 @@ pub(super) struct Metrics {
     pub(super) http_requests: Family<CodeLabels, Counter>,
     pub(super) http_seconds: Histogram,
     /// By [`REFUSAL_CODES`] index, then one for any other code.
-    pub(super) refusal_logs: Vec<RefusalLog>,
+    pub(super) refusal_logs: [RefusalLog; REFUSAL_CODES.len() + 1],
     pub(super) connections_shed: Family<ListenerLabels, Counter>,
     /// By [`Kind`] index: ignored headers of untrusted messages.
     pub(super) untrusted_headers: Vec<Counter>,
@@ -171,9 +171,7 @@ impl Metrics {
             config_generation: Gauge::default(),
             http_requests: Family::default(),
             http_seconds: Histogram::new(REQUEST_BUCKETS),
-            refusal_logs: (0..=REFUSAL_CODES.len())
-                .map(|_| RefusalLog::default())
-                .collect(),
+            refusal_logs: std::array::from_fn(|_| RefusalLog::default()),
             connections_shed: Family::default(),
             untrusted_headers: Vec::new(),
             untrusted_logged_ms: Kind::all().map(|_| AtomicU64::new(0)).collect(),
@@ -270,7 +268,7 @@ impl Metrics {
         );
         r.register(
             "switchyard_connections_shed",
-            "Connections a listener (admin or ingress) closed, at its connection limit, to make room for a new one: each had sent nothing, or was between requests",
+            "Connections a listener (admin or ingress) closed to make room for a new one: the one waiting longest without sending a byte when its lobby was full, or one between requests when its slots were",
             metrics.connections_shed.clone(),
         );
         metrics

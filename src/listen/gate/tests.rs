@@ -1,4 +1,5 @@
 use super::*;
+use std::sync::atomic::AtomicUsize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -16,14 +17,25 @@ async fn pair() -> (TcpStream, TcpStream) {
     (server, client)
 }
 
-async fn arrive(gate: &Gate) -> (Arrived, TcpStream, bool) {
+/// A gate of `limit` slots and a lobby of `lobby`, and how many
+/// connections it has closed for room.
+fn gate(limit: usize, lobby: usize) -> (Gate, Arc<AtomicUsize>) {
+    let made_room = Arc::new(AtomicUsize::new(0));
+    let counted = made_room.clone();
+    let gate = Gate::with_lobby(limit, lobby, move || {
+        counted.fetch_add(1, Ordering::Relaxed);
+    });
+    (gate, made_room)
+}
+
+async fn arrive(gate: &Gate) -> (Arrived, TcpStream) {
     let (server, client) = pair().await;
     let stop = CancellationToken::new();
     let arrived = tokio::time::timeout(SOON, gate.arrive(server, &stop));
-    let Ok(Some((arrived, made_room))) = arrived.await else {
+    let Ok(Some(arrived)) = arrived.await else {
         panic!("the lobby takes it");
     };
-    (arrived, client, made_room)
+    (arrived, client)
 }
 
 /// A served connection whose first byte the server has read.
@@ -33,7 +45,7 @@ struct Client {
 }
 
 async fn served(gate: &Gate) -> Client {
-    let (arrived, mut client, _) = arrive(gate).await;
+    let (arrived, mut client) = arrive(gate).await;
     assert!(client.write_all(b"G").await.is_ok());
     let stop = CancellationToken::new();
     let served = tokio::time::timeout(SOON, arrived.first_byte(SOON, &stop));
@@ -61,11 +73,16 @@ impl Client {
 
 #[tokio::test]
 async fn silent_connections_hold_no_slot_and_the_longest_waiting_makes_room() {
-    let gate = Gate::with_lobby(1, 2);
-    let (first, _c1, _) = arrive(&gate).await;
-    let (second, mut c2, _) = arrive(&gate).await;
-    let (_third, _c3, made_room) = arrive(&gate).await;
-    assert!(made_room, "a full lobby closes one for the newcomer");
+    let (gate, made_room) = gate(1, 2);
+    let (first, _c1) = arrive(&gate).await;
+    let (second, mut c2) = arrive(&gate).await;
+    assert_eq!(made_room.load(Ordering::Relaxed), 0);
+    let (_third, _c3) = arrive(&gate).await;
+    assert_eq!(
+        made_room.load(Ordering::Relaxed),
+        1,
+        "a full lobby closes one for the newcomer"
+    );
     let stop = CancellationToken::new();
     let first = tokio::time::timeout(SOON, first.first_byte(SOON, &stop)).await;
     assert!(matches!(first, Ok(None)), "the longest waiting was closed");
@@ -78,10 +95,10 @@ async fn silent_connections_hold_no_slot_and_the_longest_waiting_makes_room() {
 
 #[tokio::test]
 async fn a_client_that_sent_its_first_byte_is_not_closed_for_room_in_the_lobby() {
-    let gate = Gate::with_lobby(1, 1);
+    let (gate, _) = gate(1, 1);
     let busy = served(&gate).await;
     let _request = busy.served.admitted.busy().enter();
-    let (waiting, mut client, _) = arrive(&gate).await;
+    let (waiting, mut client) = arrive(&gate).await;
     assert!(client.write_all(b"G").await.is_ok());
     let stop = CancellationToken::new();
     let waiting = tokio::spawn(async move { waiting.first_byte(SOON * 5, &stop).await.is_some() });
@@ -103,7 +120,7 @@ async fn a_client_that_sent_its_first_byte_is_not_closed_for_room_in_the_lobby()
 
 #[tokio::test]
 async fn room_is_made_from_the_idle_and_the_stalled_never_the_busy_or_unread() {
-    let gate = Gate::with_lobby(10, 10);
+    let (gate, made_room) = gate(10, 10);
     let heard = served(&gate).await;
     let mut stalled = served(&gate).await;
     let busy = served(&gate).await;
@@ -118,6 +135,7 @@ async fn room_is_made_from_the_idle_and_the_stalled_never_the_busy_or_unread() {
     // Oldest first: the head that stopped half-way, then the keep-alive.
     assert!(gate.shed_one() && stalled.closed());
     assert!(gate.shed_one() && idle.closed());
+    assert_eq!(made_room.load(Ordering::Relaxed), 2, "each closure is told");
     // Never one whose bytes just came (its handler may be about to start),
     // one whose answer may still be going out, or one handling a request.
     assert!(!gate.shed_one());
@@ -128,7 +146,7 @@ async fn room_is_made_from_the_idle_and_the_stalled_never_the_busy_or_unread() {
 
 #[tokio::test]
 async fn bytes_waiting_in_the_socket_are_not_silence_though_a_read_was_not_ready() {
-    let gate = Gate::with_lobby(2, 2);
+    let (gate, _) = gate(2, 2);
     let mut waiting = served(&gate).await;
     drop(waiting.served.admitted.busy().enter());
     assert!(
@@ -152,18 +170,13 @@ async fn bytes_waiting_in_the_socket_are_not_silence_though_a_read_was_not_ready
 
 #[tokio::test]
 async fn a_client_waiting_for_a_slot_gets_one_when_a_connection_turns_idle() {
-    let gate = Gate::with_lobby(1, 4);
+    let (gate, made_room) = gate(1, 4);
     let mut only = served(&gate).await;
     let request = only.served.admitted.busy().enter();
-    let (waiting, mut client, _) = arrive(&gate).await;
+    let (waiting, mut client) = arrive(&gate).await;
     assert!(client.write_all(b"G").await.is_ok());
     let stop = CancellationToken::new();
-    let waiting = tokio::spawn(async move {
-        waiting
-            .first_byte(SOON * 5, &stop)
-            .await
-            .map(|s| s.made_room)
-    });
+    let waiting = tokio::spawn(async move { waiting.first_byte(SOON * 5, &stop).await.is_some() });
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert!(
         !waiting.is_finished(),
@@ -181,6 +194,7 @@ async fn a_client_waiting_for_a_slot_gets_one_when_a_connection_turns_idle() {
     drop(only);
     assert!(matches!(
         tokio::time::timeout(SOON, waiting).await,
-        Ok(Ok(Some(true)))
+        Ok(Ok(true))
     ));
+    assert_eq!(made_room.load(Ordering::Relaxed), 1, "room was made for it");
 }
