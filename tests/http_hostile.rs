@@ -536,8 +536,9 @@ fn an_override_cannot_switch_authentication_off() {
 }
 
 /// Item 4, requests. The bearer scheme in any case is the same token; two
-/// `Authorization` or two `Idempotency-Key` headers are 400; a transfer
-/// coding other than chunked is 501; a forwarded header that is not visible
+/// `Authorization` or two `Idempotency-Key` headers are 400; a wrong
+/// token's 401 closes the connection; a transfer coding other than chunked
+/// is 501; a forwarded header that is not visible
 /// ASCII is 400. Only the three accepted requests are published.
 #[tokio::test]
 async fn odd_requests_are_refused_and_the_scheme_is_matched_in_any_case() {
@@ -584,6 +585,22 @@ async fn odd_requests_are_refused_and_the_scheme_is_matched_in_any_case() {
         assert_eq!(status_of(&answer), status, "{what}: {answer}");
         assert!(answer.contains("more than once"), "{what}: {answer}");
     }
+    // A wrong token on a keep-alive connection: the 401 closes it at once,
+    // not after the header timeout (5 s here).
+    let mut stream = TcpStream::connect(addr)
+        .await
+        .unwrap_or_else(|e| panic!("connect: {e}"));
+    let wrong = "POST /messages/k HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope\r\n\
+                 Content-Length: 1\r\n\r\nb";
+    assert!(stream.write_all(wrong.as_bytes()).await.is_ok());
+    let mut answer = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(2), stream.read_to_end(&mut answer));
+    assert!(
+        matches!(closed.await, Ok(Ok(_))),
+        "a 401 closes its connection"
+    );
+    let answer = String::from_utf8_lossy(&answer);
+    assert_eq!(status_of(&answer), 401, "{answer}");
     let gzip = "POST /messages/k HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
                 Authorization: Bearer s3cret\r\nTransfer-Encoding: gzip, chunked\r\n\r\n\
                 1\r\nb\r\n0\r\n\r\n";
@@ -608,7 +625,8 @@ async fn odd_requests_are_refused_and_the_scheme_is_matched_in_any_case() {
 }
 
 /// Item 5. A thousand requests without the token are each counted, but
-/// logged a handful of times at most, each line with how many it stands for.
+/// logged a handful of times at most, each line with how many it stands
+/// for; a head too large for the HTTP layer, refused by it, is counted too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_refusals_are_counted_one_by_one_and_logged_a_handful_of_times() {
     const REFUSED: usize = 1_000;
@@ -653,5 +671,20 @@ async fn a_thousand_refusals_are_counted_one_by_one_and_logged_a_handful_of_time
         lines.join("\n")
     );
     assert!(!log.contains("s3cret"), "the token is never logged");
+
+    // The HTTP layer's own refusal of a head over 64 KiB is counted too.
+    let big = format!(
+        "POST /messages/k HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(100 * 1024)
+    );
+    let answer = raw_exchange(ingress, big.as_bytes()).await;
+    assert_eq!(status_of(&answer), 431, "{answer}");
+    wait_for("the 431 counted", DEFAULT_TIMEOUT, || async {
+        let n = metrics(admin)
+            .await
+            .get("switchyard_http_requests_total", &[("code", "431")]);
+        (n == Some(1.0)).then_some(())
+    })
+    .await;
     stop_process(process, &broker, &p).await;
 }
