@@ -119,7 +119,6 @@ impl Admin {
     /// Serves until `stop` is cancelled, then lets open connections finish
     /// for a moment.
     pub async fn serve(self, telemetry: Telemetry, readiness: Ready, stop: CancellationToken) {
-        telemetry.admin_listening(self.addr);
         crate::listen::deepen_backlog(&self.listener);
         let connections = TaskTracker::new();
         let counted = telemetry.clone();

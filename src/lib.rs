@@ -129,6 +129,14 @@ pub async fn run_with(
         admin.as_ref().map(admin::Admin::local_addr),
         http.as_ref().map(ingress::server::Listener::local_addr),
     ));
+    // Said here, where both sockets already listen, so the log reads in one
+    // order: what listens, then the brokers connected, then consuming.
+    if let Some(admin) = &admin {
+        telemetry.admin_listening(admin.local_addr());
+    }
+    if let Some(http) = &http {
+        telemetry.http_listening(http.local_addr(), http.is_tls());
+    }
     let token = CancellationToken::new();
     let trigger = token.clone();
     let signal = tokio::spawn(async move {

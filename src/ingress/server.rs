@@ -87,10 +87,14 @@ impl Listener {
         self.addr
     }
 
+    /// Whether it speaks TLS.
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
     /// Serves `ingress` until `stop` is cancelled.
     pub async fn serve(self, ingress: Arc<Ingress>, stop: CancellationToken) {
         let telemetry = ingress.telemetry.clone();
-        telemetry.http_listening(self.addr, self.tls.is_some());
         crate::listen::deepen_backlog(&self.listener);
         let config = &ingress.config;
         let connections = TaskTracker::new();
