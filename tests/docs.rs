@@ -2,8 +2,10 @@
 //! code: every configuration key of `src/config/raw.rs` has a row in
 //! `docs/configuration.md` (and no row names a key that does not exist), the
 //! examples there and in `docs/http-ingress.md` load, every status the HTTP
-//! ingress answers has its row there, and the Markdown files link only to
-//! files and headings the repository has. No broker needed.
+//! ingress answers has its row there, the `check` output quoted there is
+//! what `check` prints, every test file has its row in `docs/tests.md`,
+//! and the Markdown files link only to files and headings the repository
+//! has. No broker needed.
 
 use regex::Regex;
 use std::collections::{BTreeMap, BTreeSet};
@@ -20,6 +22,8 @@ const MARKDOWN: &[&str] = &[
     "docs/operations.md",
     "docs/guarantees.md",
     "docs/http-ingress.md",
+    "docs/sessions.md",
+    "docs/tests.md",
     "docker/README.md",
     "bench/README.md",
     "BENCHMARKS.md",
@@ -451,5 +455,87 @@ fn the_documentation_names_nothing_a_clone_lacks() {
     assert!(
         root().join("LICENSE").is_file(),
         "Cargo.toml names a LICENSE"
+    );
+}
+
+/// The lines of the `console` block of `markdown` that starts with
+/// `$ COMMAND`: what the document says the command prints.
+fn console_output(markdown: &str, command: &str) -> String {
+    let start = markdown
+        .find(&format!("```console\n$ {command}\n"))
+        .unwrap_or_else(|| panic!("no console block for {command:?}"));
+    let rest = &markdown[start..];
+    let body = &rest[rest.find('\n').map_or(0, |i| i + 1)..];
+    let body = &body[body.find('\n').map_or(0, |i| i + 1)..];
+    body[..body.find("```").unwrap_or(body.len())].to_owned()
+}
+
+/// `switchyard ARGS` run in `dir` without the test's own `SWITCHYARD*`
+/// variables.
+fn switchyard_in(dir: &Path, args: &[&str]) -> std::process::Output {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"));
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("SWITCHYARD") {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("switchyard {args:?}: {e}"))
+}
+
+#[test]
+fn the_check_samples_are_what_check_prints() {
+    let doc = read(CONFIGURATION);
+    let command = "switchyard check --config config/switchyard.toml";
+    let out = switchyard_in(&root(), &command.split(' ').skip(1).collect::<Vec<_>>());
+    assert_eq!(out.status.code(), Some(0), "{command}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        console_output(&doc, command),
+        "{CONFIGURATION}: the output of `{command}`"
+    );
+
+    // `bad.toml` is the seed file with one misspelling, as the text says.
+    let seed = read("config/switchyard.toml");
+    let dir = std::env::temp_dir().join(format!("docs-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let bad = seed.replacen(
+        "endpoint = \"primaryServiceQueue\"",
+        "endpoint = \"primarySrviceQueue\"",
+        1,
+    );
+    assert_ne!(
+        bad, seed,
+        "the seed file names primaryServiceQueue as an endpoint"
+    );
+    std::fs::write(dir.join("bad.toml"), bad).unwrap_or_else(|e| panic!("bad.toml: {e}"));
+    let command = "switchyard check --config bad.toml";
+    let out = switchyard_in(&dir, &command.split(' ').skip(1).collect::<Vec<_>>());
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(out.status.code(), Some(2), "{command}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        console_output(&doc, command),
+        "{CONFIGURATION}: the error of `{command}`"
+    );
+}
+
+#[test]
+fn every_test_file_has_its_row() {
+    let doc = read("docs/tests.md");
+    let dir = root().join("tests");
+    let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let mut missing = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".rs") && !doc.contains(&format!("| `tests/{name}` |")) {
+            missing.push(name);
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "docs/tests.md has no row for {missing:?}"
     );
 }

@@ -43,6 +43,12 @@ fn blocks(heading: &str) -> Vec<String> {
 /// The `sh` blocks of the section of `file` whose heading starts with
 /// `heading`.
 fn blocks_in(file: &str, heading: &str) -> Vec<String> {
+    fenced_in(file, heading, "sh")
+}
+
+/// The blocks fenced as `kind` of the section of `file` whose heading
+/// starts with `heading`.
+fn fenced_in(file: &str, heading: &str, kind: &str) -> Vec<String> {
     let readme = std::fs::read_to_string(Path::new(REPO).join(file))
         .unwrap_or_else(|e| panic!("{file}: {e}"));
     let start = readme
@@ -50,10 +56,11 @@ fn blocks_in(file: &str, heading: &str) -> Vec<String> {
         .unwrap_or_else(|| panic!("no section {heading:?} in {file}"));
     let section = &readme[start + 1..];
     let section = &section[..section[3..].find("\n## ").map_or(section.len(), |i| i + 3)];
+    let fence = format!("```{kind}\n");
     let mut blocks = Vec::new();
     let mut rest = section;
-    while let Some(open) = rest.find("```sh\n") {
-        let body = &rest[open + 6..];
+    while let Some(open) = rest.find(&fence) {
+        let body = &rest[open + fence.len()..];
         let close = body
             .find("\n```")
             .unwrap_or_else(|| panic!("unclosed block in {heading:?}"));
@@ -61,6 +68,22 @@ fn blocks_in(file: &str, heading: &str) -> Vec<String> {
         rest = &body[close + 4..];
     }
     blocks
+}
+
+/// The event of a log line as the README quotes it (`LEVEL target:
+/// message key=value ...`): its message, without the fields.
+fn event(line: &str) -> &str {
+    let message = line.split_once(": ").map_or(line, |(_, m)| m);
+    let fields = message
+        .match_indices(' ')
+        .find(|(i, _)| {
+            let word = &message[i + 1..];
+            word.split_once('=').is_some_and(|(key, _)| {
+                !key.is_empty() && key.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+            })
+        })
+        .map_or(message.len(), |(i, _)| i);
+    &message[..fields]
 }
 
 /// The node, the wrappers that point the tools at it, and the forwarder a
@@ -367,13 +390,24 @@ const SEED_QUEUES: [&str; 6] = [
 /// The quick start: start, publish, look, stop; then start clean and check.
 async fn quick_start(tour: &mut Tour) {
     let b = blocks("Quick start");
-    assert_eq!(b.len(), 4, "start, publish, start clean, check: {b:?}");
+    assert_eq!(b.len(), 5, "start, publish, get, start clean, check: {b:?}");
     tour.start_forwarder(&b[0]).await;
+    let quoted = &fenced_in("README.md", "Quick start", "text")[0];
+    let log = tour.log();
+    let mut rest = log.as_str();
+    for line in quoted.lines() {
+        let event = event(line);
+        let at = rest
+            .find(event)
+            .unwrap_or_else(|| panic!("the log has {event:?} after the lines before it:\n{log}"));
+        rest = &rest[at + event.len()..];
+    }
     let answer = tour.step(&b[1]);
     assert!(
         answer.contains(r#""delivered":["service","logging"]"#)
-            && answer.contains(r#""outcome":"accepted""#),
-        "the curl line's answer: {answer}"
+            && answer.contains(r#""outcome":"accepted""#)
+            && answer.contains("\"}\nstatus 202\n"),
+        "the curl line's answer, then its status: {answer:?}"
     );
     tour.await_queues(
         "two messages, one from the queue and one over HTTP, in each branch's primary",
@@ -386,9 +420,24 @@ async fn quick_start(tour: &mut Tour) {
         ],
     )
     .await;
+    let copy = tour.step(&b[2]);
+    for needle in [
+        r#""payload": "{\"order\": 0}""#,
+        "x-switchyard-hops",
+        "x-switchyard-copy-id",
+        "x-switchyard-publish-id",
+        r#""message_id": "order-"#,
+    ] {
+        assert!(copy.contains(needle), "the copy shows {needle:?}:\n{copy}");
+    }
+    tour.await_queues(
+        "the copy looked at is back on its queue",
+        &[("service.primary", Some((2, 0)))],
+    )
+    .await;
     tour.stop_forwarder().await;
     start_clean(tour).await;
-    let summary = tour.step(&b[3]);
+    let summary = tour.step(&b[4]);
     assert!(
         summary.contains(": ok")
             && summary.contains("sessions: off")
@@ -399,7 +448,7 @@ async fn quick_start(tour: &mut Tour) {
 
 /// The quick start's "starting clean": every queue and the exchange gone.
 async fn start_clean(tour: &Tour) {
-    let clean = &blocks("Quick start")[2];
+    let clean = &blocks("Quick start")[3];
     assert!(clean.contains("delete"), "{clean}");
     tour.shell(clean);
     let gone: Vec<(&str, Option<(u64, u64)>)> = SEED_QUEUES.iter().map(|q| (*q, None)).collect();
