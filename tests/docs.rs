@@ -461,13 +461,7 @@ fn the_documentation_names_nothing_a_clone_lacks() {
 /// The lines of the `console` block of `markdown` that starts with
 /// `$ COMMAND`: what the document says the command prints.
 fn console_output(markdown: &str, command: &str) -> String {
-    let start = markdown
-        .find(&format!("```console\n$ {command}\n"))
-        .unwrap_or_else(|| panic!("no console block for {command:?}"));
-    let rest = &markdown[start..];
-    let body = &rest[rest.find('\n').map_or(0, |i| i + 1)..];
-    let body = &body[body.find('\n').map_or(0, |i| i + 1)..];
-    body[..body.find("```").unwrap_or(body.len())].to_owned()
+    console_block(markdown, &format!("```console\n$ {command}\n"))
 }
 
 /// `switchyard ARGS` run in `dir` without the test's own `SWITCHYARD*`
@@ -538,4 +532,36 @@ fn every_test_file_has_its_row() {
         missing.is_empty(),
         "docs/tests.md has no row for {missing:?}"
     );
+}
+
+#[test]
+fn the_readme_pictures_the_seed_file() {
+    let readme = read("README.md");
+    let start = readme
+        .find("## The seed scenario in one picture")
+        .unwrap_or_else(|| panic!("README.md: no picture of the seed scenario"));
+    let picture = console_block(&readme[start..], "```text\n");
+    let seed = read("config/switchyard.toml");
+    let name = Regex::new(r"\b(?:[a-z]+\.[a-z]+|[a-z]+[A-Z][A-Za-z]+)\b").unwrap();
+    let names: Vec<&str> = name.find_iter(&picture).map(|m| m.as_str()).collect();
+    assert!(
+        names.len() >= 10,
+        "the picture names the seed's queues and endpoints: {names:?}"
+    );
+    for name in names {
+        assert!(
+            seed.contains(&format!("\"{name}\"")) || seed.contains(&format!("[endpoints.{name}]")),
+            "README.md pictures {name:?}, which config/switchyard.toml does not name"
+        );
+    }
+}
+
+/// The body of the first block of `markdown` opened by `fence`.
+fn console_block(markdown: &str, fence: &str) -> String {
+    let start = markdown
+        .find(fence)
+        .unwrap_or_else(|| panic!("no block opened by {fence:?}"))
+        + fence.len();
+    let body = &markdown[start..];
+    body[..body.find("```").unwrap_or(body.len())].to_owned()
 }
