@@ -5,7 +5,15 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use switchyard::dlq::{DlqError, Format, Request, Selection};
 
-/// Transactional multicast forwarder for RabbitMQ.
+/// Transactional multicast forwarder for RabbitMQ: peek-lock consume, filter
+/// table, confirmed multicast, backup lists, dead letters.
+///
+/// `run` consumes the inbound queue and, with an [ingress.http] table, also
+/// takes messages over HTTP as POST /messages/{routing_key}, through the
+/// same filter table. With [admin] listen set it serves /healthz, /readyz
+/// and /metrics. It reloads the configuration on SIGHUP or a change of the
+/// file. `check` validates a configuration; `dlq` lists or redrives dead
+/// letters.
 #[derive(Debug, Parser)]
 #[command(name = "switchyard", version, about)]
 pub struct Cli {
@@ -39,9 +47,17 @@ pub enum Command {
     /// (up to shutdown_timeout_ms) and exits 0. SIGHUP, or a change of the
     /// file on disk, reloads the configuration: a valid one routes every
     /// message consumed from then on, an invalid one is logged and changes
-    /// nothing; the process never exits on SIGHUP. Any configuration key can
-    /// be overridden from the environment as SWITCHYARD__SECTION__KEY;
-    /// RUST_LOG sets the log level (default info). Logs go to stderr.
+    /// nothing; the process never exits on SIGHUP ([admin] listen and
+    /// [ingress.http] keep their values until the next start).
+    ///
+    /// With an [ingress.http] table it also takes messages over HTTP as
+    /// POST /messages/{routing_key}: each goes through the same filter table
+    /// and the answer says what happened to its branches. With [admin]
+    /// listen set it serves /healthz, /readyz and /metrics on that address.
+    ///
+    /// Any configuration key can be overridden from the environment as
+    /// SWITCHYARD__SECTION__KEY; RUST_LOG sets the log level (default info).
+    /// Logs go to stderr.
     ///
     /// Exit codes: 0 stopped by SIGINT or SIGTERM, 2 invalid configuration
     /// or usage, 1 the broker refused the declared topology or another
@@ -60,8 +76,10 @@ pub enum Command {
     /// Loads the file with its SWITCHYARD__SECTION__KEY environment
     /// overrides and checks every key and reference without connecting to
     /// any broker. Prints the inbound queue, the dead-letter settings, the
-    /// brokers (passwords masked) and the filter table, one branch per line
-    /// with its priority, filter and endpoint list.
+    /// brokers (passwords masked), the admin address, sessions, the HTTP
+    /// ingress and the filter table, one branch per line with its
+    /// priority, filter and endpoint list. An unknown key is named with the
+    /// nearest valid one.
     ///
     /// Exit codes: 0 valid, 2 invalid (one line on stderr names the file, the
     /// key and what is wrong).
@@ -93,6 +111,9 @@ pub enum Dlq {
         /// Which dead letters.
         #[command(flatten)]
         select: Select,
+        /// At most N dead letters [default: 100].
+        #[arg(long, value_name = "N")]
+        limit: Option<u64>,
         /// Print one JSON object per line instead of a table.
         #[arg(long)]
         json: bool,
@@ -108,9 +129,12 @@ pub enum Dlq {
     /// broker could not be reached, refused a copy, or the redrive was
     /// interrupted.
     Redrive {
-        /// Which dead letters (default: all).
+        /// Which dead letters.
         #[command(flatten)]
         select: Select,
+        /// At most N dead letters [default: all].
+        #[arg(long, value_name = "N")]
+        limit: Option<u64>,
         /// Print what would be redriven and change nothing.
         #[arg(long)]
         dry_run: bool,
@@ -123,9 +147,6 @@ pub struct Select {
     /// Configuration file [default: $SWITCHYARD_CONFIG, then config/switchyard.toml].
     #[arg(long, value_name = "PATH")]
     pub config: Option<PathBuf>,
-    /// At most N dead letters [inspect default: 100; redrive default: all].
-    #[arg(long, value_name = "N")]
-    pub limit: Option<u64>,
     /// Only dead letters with this reason (exhausted, no-route, rejected, poison, loop,
     /// malformed, ..., or x-death:REASON for one only the broker annotated); repeatable.
     #[arg(long, value_name = "REASON")]
@@ -146,11 +167,18 @@ impl Dlq {
         }
     }
 
+    /// `--limit`, whose default each command applies itself.
+    fn limit(&self) -> Option<u64> {
+        match self {
+            Self::Inspect { limit, .. } | Self::Redrive { limit, .. } => *limit,
+        }
+    }
+
     /// The command with its values checked (a bad `--since` is a usage error).
     pub fn request(&self) -> Result<Request, DlqError> {
         let s = self.select();
         let selection = Selection::new(
-            s.limit,
+            self.limit(),
             s.reason.clone(),
             s.message_id.clone(),
             s.since.as_deref(),
@@ -160,5 +188,44 @@ impl Dlq {
             Self::Inspect { json: false, .. } => Request::Inspect(selection, Format::Table),
             Self::Redrive { dry_run, .. } => Request::Redrive(selection, *dry_run),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(args: &[&str]) -> Request {
+        let cli = match Cli::try_parse_from(args) {
+            Ok(cli) => cli,
+            Err(e) => panic!("{args:?}: {e}"),
+        };
+        let Command::Dlq(dlq) = cli.command else {
+            panic!("{args:?} is not a dlq command");
+        };
+        match dlq.request() {
+            Ok(request) => request,
+            Err(e) => panic!("{args:?}: {e}"),
+        }
+    }
+
+    fn limit(request: &Request) -> Option<u64> {
+        match request {
+            Request::Inspect(selection, _) | Request::Redrive(selection, _) => selection.limit,
+        }
+    }
+
+    #[test]
+    fn each_dlq_command_hands_its_limit_to_the_selection() {
+        for command in ["inspect", "redrive"] {
+            let given = request(&["switchyard", "dlq", command, "--limit", "7"]);
+            assert_eq!(limit(&given), Some(7), "{command}");
+            let absent = request(&["switchyard", "dlq", command]);
+            assert_eq!(
+                limit(&absent),
+                None,
+                "{command}: the command applies its default"
+            );
+        }
     }
 }

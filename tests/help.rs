@@ -29,14 +29,37 @@ fn switchyard(args: &[&str]) -> Output {
         .unwrap_or_else(|e| panic!("cannot run switchyard: {e}"))
 }
 
-/// `args --help`, whitespace folded to single spaces; it must exit 0.
-fn help(args: &[&str]) -> String {
+/// `args --help` as printed; it must exit 0.
+fn raw_help(args: &[&str]) -> String {
     let mut with_help = args.to_vec();
     with_help.push("--help");
     let out = switchyard(&with_help);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert_eq!(out.status.code(), Some(0), "{args:?} --help: {text}");
+    text
+}
+
+/// `args --help`, whitespace folded to single spaces; it must exit 0.
+fn help(args: &[&str]) -> String {
+    fold(&raw_help(args))
+}
+
+fn fold(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The description `args --help` gives `option`: the lines under the one
+/// that names it, up to the blank line, folded.
+fn option_help(args: &[&str], option: &str) -> String {
+    let text = raw_help(args);
+    let lines: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with(option))
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .collect();
+    assert!(!lines.is_empty(), "{args:?} --help has no {option}: {text}");
+    fold(&lines.join(" "))
 }
 
 /// The command names a help text lists under `Commands:`.
@@ -88,6 +111,43 @@ fn the_commands_listed_are_the_commands_that_run() {
         let out = switchyard(unlisted);
         assert_eq!(out.status.code(), Some(2), "{unlisted:?} is not a command");
     }
+}
+
+/// A newcomer finds every door from the help: the HTTP ingress, the admin
+/// endpoint and reload, in the top-level summary and in `run --help`.
+#[test]
+fn help_names_the_ingress_the_admin_endpoint_and_reload() {
+    for args in [&[][..], &["run"]] {
+        let text = help(args);
+        for door in [
+            "[ingress.http]",
+            "POST /messages/{routing_key}",
+            "[admin] listen",
+            "/healthz, /readyz and /metrics",
+            "SIGHUP",
+            "a change of the file",
+        ] {
+            assert!(
+                text.contains(door),
+                "{args:?} --help lacks {door:?}: {text}"
+            );
+        }
+    }
+}
+
+/// Each `dlq` command's `--limit` states its own default and not the
+/// other command's.
+#[test]
+fn each_dlq_limit_states_only_its_own_default() {
+    let inspect = option_help(&["dlq", "inspect"], "--limit");
+    let own = format!("[default: {}]", switchyard::dlq::DEFAULT_INSPECT_LIMIT);
+    assert!(inspect.contains(&own), "{inspect}");
+    assert!(!inspect.contains("all"), "{inspect}");
+    assert!(!inspect.contains("redrive"), "{inspect}");
+    let redrive = option_help(&["dlq", "redrive"], "--limit");
+    assert!(redrive.contains("[default: all]"), "{redrive}");
+    assert!(!redrive.contains("100"), "{redrive}");
+    assert!(!redrive.contains("inspect"), "{redrive}");
 }
 
 /// `check`: 0 for a valid file, 2 for an invalid one, as its help says.
