@@ -200,13 +200,32 @@ fn check_reports_an_unknown_key() {
         "cli-unknown-key",
         &repo_config_with("prefetch = 1000\n", "prefetch = 1000\nprefetchh = 5\n"),
     );
-    assert_invalid(&config, &["prefetchh"]);
+    let line = assert_invalid(
+        &config,
+        &["inbound.prefetchh: unknown key; did you mean `prefetch`? (valid keys: broker, queue, "],
+    );
+    assert!(!line.contains("unknown field"), "{line}");
+
+    let endpoint = TempConfig::new(
+        "cli-unknown-endpoint-key",
+        &repo_config_with(
+            "routing_key = \"service.primary\"",
+            "routingkey = \"service.primary\"",
+        ),
+    );
+    assert_invalid(
+        &endpoint,
+        &[
+            "endpoints.primaryServiceQueue.routingkey: unknown key; did you mean `routing_key`? \
+             (valid keys: broker, exchange, routing_key, ",
+        ],
+    );
 
     let top_level = TempConfig::new(
         "cli-unknown-top-key",
         &format!("colour = \"blue\"\n{}", repo_config_text()),
     );
-    assert_invalid(&top_level, &["colour"]);
+    assert_invalid(&top_level, &["colour: unknown key (valid keys: name, "]);
 }
 
 #[test]
@@ -328,7 +347,12 @@ fn an_invalid_environment_override_names_the_variable() {
         (
             "SWITCHYARD__INBOUND__NO_SUCH_KEY",
             "1",
-            "inbound.no_such_key",
+            "inbound.no_such_key: unknown key (valid keys: broker, ",
+        ),
+        (
+            "SWITCHYARD__INBOUND__PREFETCHH",
+            "1",
+            "inbound.prefetchh: unknown key; did you mean `prefetch`?",
         ),
         (
             "SWITCHYARD__BROKERS__MAIN__URI",

@@ -491,29 +491,37 @@ fn the_check_samples_are_what_check_prints() {
         "{CONFIGURATION}: the output of `{command}`"
     );
 
-    // `bad.toml` is the seed file with one misspelling, as the text says.
+    // `bad.toml` and `typo.toml` are the seed file with one misspelling
+    // each, as the text says.
     let seed = read("config/switchyard.toml");
+    let misspelt = [
+        (
+            "bad.toml",
+            "endpoint = \"primaryServiceQueue\"",
+            "endpoint = \"primarySrviceQueue\"",
+        ),
+        (
+            "typo.toml",
+            "routing_key = \"service.primary\"",
+            "routingkey = \"service.primary\"",
+        ),
+    ];
     let dir = std::env::temp_dir().join(format!("docs-check-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    let bad = seed.replacen(
-        "endpoint = \"primaryServiceQueue\"",
-        "endpoint = \"primarySrviceQueue\"",
-        1,
-    );
-    assert_ne!(
-        bad, seed,
-        "the seed file names primaryServiceQueue as an endpoint"
-    );
-    std::fs::write(dir.join("bad.toml"), bad).unwrap_or_else(|e| panic!("bad.toml: {e}"));
-    let command = "switchyard check --config bad.toml";
-    let out = switchyard_in(&dir, &command.split(' ').skip(1).collect::<Vec<_>>());
+    for (file, right, wrong) in misspelt {
+        let bad = seed.replacen(right, wrong, 1);
+        assert_ne!(bad, seed, "the seed file has {right}");
+        std::fs::write(dir.join(file), bad).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let command = format!("switchyard check --config {file}");
+        let out = switchyard_in(&dir, &command.split(' ').skip(1).collect::<Vec<_>>());
+        assert_eq!(out.status.code(), Some(2), "{command}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr),
+            console_output(&doc, &command),
+            "{CONFIGURATION}: the error of `{command}`"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
-    assert_eq!(out.status.code(), Some(2), "{command}");
-    assert_eq!(
-        String::from_utf8_lossy(&out.stderr),
-        console_output(&doc, command),
-        "{CONFIGURATION}: the error of `{command}`"
-    );
 }
 
 #[test]

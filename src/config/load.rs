@@ -1,8 +1,9 @@
 //! Reading the TOML file with the `config` crate, environment overrides
 //! (`SWITCHYARD__SECTION__KEY`) layered on top.
 
-use super::error::ConfigError;
+use super::error::{ConfigError, InvalidKey};
 use super::raw::RawConfig;
+use super::unknown::{describe, one_line, unknown_key};
 use super::{Settings, compile};
 use crate::uri::redact_uri;
 use config::{File, FileFormat, Value};
@@ -30,36 +31,64 @@ pub fn load(path: &Path) -> Result<Settings, ConfigError> {
         });
     }
     let source = File::from(path).format(FileFormat::Toml).required(true);
-    let (mut raw, overrides) = build(source, path, true)?;
-    raw.relative_to(path.parent().unwrap_or(Path::new("")));
-    compile(&raw).map_err(|source| {
-        let under = |o: &&Override| {
-            source
-                .key
-                .strip_prefix(o.key.as_str())
-                .is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
-        };
-        match overrides.iter().find(under) {
-            Some(o) => ConfigError::Env {
-                var: o.var.clone(),
-                message: source.to_string(),
-            },
-            None => ConfigError::Invalid {
-                path: path.to_owned(),
-                source,
-            },
-        }
-    })
+    load_from(source, path, std::env::vars())
 }
 
 /// Compiles TOML text; `origin` stands for the file name in errors, and
 /// relative file paths are taken from its directory. No environment
 /// overrides: used by tests and tools that build configs in memory.
 pub fn load_str(toml: &str, origin: &str) -> Result<Settings, ConfigError> {
-    let path = PathBuf::from(origin);
-    let (mut raw, _) = build(File::from_str(toml, FileFormat::Toml), &path, false)?;
+    let source = File::from_str(toml, FileFormat::Toml);
+    load_from(source, Path::new(origin), std::iter::empty())
+}
+
+/// [`load_str`] with `vars` as the environment.
+#[cfg(test)]
+pub(super) fn load_str_with_env(
+    toml: &str,
+    origin: &str,
+    vars: &[(&str, &str)],
+) -> Result<Settings, ConfigError> {
+    let vars = vars.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned()));
+    load_from(
+        File::from_str(toml, FileFormat::Toml),
+        Path::new(origin),
+        vars,
+    )
+}
+
+fn load_from<S>(
+    source: S,
+    path: &Path,
+    vars: impl Iterator<Item = (String, String)>,
+) -> Result<Settings, ConfigError>
+where
+    S: config::Source + Send + Sync + 'static,
+{
+    let (mut raw, overrides) = build(source, path, vars)?;
     raw.relative_to(path.parent().unwrap_or(Path::new("")));
-    compile(&raw).map_err(|source| ConfigError::Invalid { path, source })
+    compile(&raw).map_err(|source| blame(path, &overrides, source))
+}
+
+/// An invalid key is the fault of the override that set it or one of its
+/// parents, if any did, and otherwise of the file.
+fn blame(path: &Path, overrides: &[Override], source: InvalidKey) -> ConfigError {
+    let under = |o: &&Override| {
+        source
+            .key
+            .strip_prefix(o.key.as_str())
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
+    };
+    match overrides.iter().find(under) {
+        Some(o) => ConfigError::Env {
+            var: o.var.clone(),
+            message: source.to_string(),
+        },
+        None => ConfigError::Invalid {
+            path: path.to_owned(),
+            source,
+        },
+    }
 }
 
 /// One `SWITCHYARD__...` variable and the key it overrides.
@@ -76,24 +105,27 @@ struct Override {
 fn build<S>(
     source: S,
     path: &Path,
-    with_env: bool,
+    vars: impl Iterator<Item = (String, String)>,
 ) -> Result<(RawConfig, Vec<Override>), ConfigError>
 where
     S: config::Source + Send + Sync + 'static,
 {
     let load_error = |e: config::ConfigError| ConfigError::Load {
         path: path.to_owned(),
-        message: one_line(&e.to_string()),
+        message: describe(&e),
     };
     let file = config::Config::builder()
         .add_source(source)
         .build()
         .map_err(load_error)?;
-    let overrides = if with_env {
-        let tree = config::Source::collect(&file).map_err(load_error)?;
-        env_overrides(&tree, std::env::vars())
-    } else {
+    let vars: Vec<_> = vars
+        .filter(|(name, _)| name.starts_with(ENV_PREFIX))
+        .collect();
+    let overrides = if vars.is_empty() {
         Vec::new()
+    } else {
+        let tree = config::Source::collect(&file).map_err(load_error)?;
+        env_overrides(&tree, vars.into_iter())
     };
     match deserialize(&file, &overrides) {
         Ok(raw) => Ok((raw, overrides)),
@@ -103,18 +135,23 @@ where
                 .iter()
                 .find_map(|o| Some((o, deserialize(&file, std::slice::from_ref(o)).err()?)));
             Err(match culprit {
-                Some((o, e)) => {
-                    // A URI's password must not come back through the parser's message.
-                    let text = e.to_string().replace(&o.value, &redact_uri(&o.value));
-                    ConfigError::Env {
-                        var: o.var.clone(),
-                        message: format!("cannot set {}: {}", o.key, one_line(&text)),
-                    }
-                }
+                Some((o, e)) => ConfigError::Env {
+                    var: o.var.clone(),
+                    message: misfit(o, &e),
+                },
                 None => load_error(e),
             })
         }
     }
+}
+
+/// Why an override does not fit: the unknown key it names, or the key it
+/// cannot set and why.
+fn misfit(o: &Override, e: &config::ConfigError) -> String {
+    let text = unknown_key(e)
+        .unwrap_or_else(|| format!("cannot set {}: {}", o.key, one_line(&e.to_string())));
+    // A URI's password must not come back through the parser's message.
+    text.replace(&o.value, &redact_uri(&o.value))
 }
 
 fn deserialize(
@@ -169,10 +206,6 @@ fn env_overrides(
         });
     }
     overrides
-}
-
-fn one_line(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 #[cfg(test)]

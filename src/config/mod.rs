@@ -9,6 +9,7 @@ mod ingress;
 mod load;
 pub mod raw;
 mod tls;
+mod unknown;
 
 pub use compile::compile;
 pub use error::{ConfigError, InvalidKey};

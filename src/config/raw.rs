@@ -4,6 +4,7 @@
 //! unknown key an error). [`super::compile`] turns a [`RawConfig`] into a
 //! [`super::Settings`] whose every name is resolved.
 
+use super::unknown::UnknownKey;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -314,7 +315,7 @@ impl<'de> Deserialize<'de> for RawFilter {
                 ));
             }
         };
-        Ok(parsed.unwrap_or_else(|e| Self::misfit(&kind, &e.to_string())))
+        Ok(parsed.unwrap_or_else(|e| Self::misfit(&kind, &e)))
     }
 }
 
@@ -328,20 +329,22 @@ impl RawFilter {
 
     /// What serde found wrong with a `kind` filter's keys, said as the rest
     /// of the configuration says it.
-    fn misfit(kind: &str, error: &str) -> Self {
-        let quoted = |prefix: &str, close: char| {
-            let rest = error.split_once(prefix)?.1;
-            rest.split_once(close).map(|(key, _)| key.to_owned())
+    fn misfit(kind: &str, error: &config::ConfigError) -> Self {
+        if let config::ConfigError::NotFound(key) = error {
+            return Self::invalid(key, "is required");
+        }
+        let unknown = match error {
+            config::ConfigError::Message(text) => UnknownKey::read(text),
+            _ => None,
         };
-        if let Some(key) = quoted("unknown field `", '`') {
-            return Self::invalid(&key, &format!("does not apply to a \"{kind}\" filter"));
+        match unknown {
+            Some(mut unknown) => {
+                unknown.valid.insert(0, "type".to_owned());
+                let what = format!("does not apply to a \"{kind}\" filter");
+                Self::invalid(&unknown.key, &unknown.explain(&what))
+            }
+            None => Self::invalid("", &error.to_string()),
         }
-        if let Some(key) =
-            quoted("missing field `", '`').or_else(|| quoted("missing configuration field \"", '"'))
-        {
-            return Self::invalid(&key, "is required");
-        }
-        Self::invalid("", error)
     }
 }
 

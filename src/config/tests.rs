@@ -1,6 +1,7 @@
 //! Validation: the contract's annotated example (config/spec-example.toml) loads, and each invalid configuration
 //! fails with its exact one-line error.
 
+use super::load::load_str_with_env;
 use super::load_str;
 
 use super::Settings;
@@ -398,11 +399,11 @@ fn invalid_configurations_fail_with_their_exact_error() {
         ),
         (
             with("[filters.p]\ntype = \"property\"\nproperty = \"app_id\"\nexists = true"),
-            "test.toml: filters.p.exists: does not apply to a \"property\" filter",
+            "test.toml: filters.p.exists: does not apply to a \"property\" filter (valid keys: type, property, equals, regex, in)",
         ),
         (
             with("[filters.r]\ntype = \"routing_key\"\nheader = \"x\"\npattern = \"a.*\""),
-            "test.toml: filters.r.header: does not apply to a \"routing_key\" filter",
+            "test.toml: filters.r.header: does not apply to a \"routing_key\" filter (valid keys: type, pattern)",
         ),
         (
             with("[filters.a]\ntype = \"and\"\nfilters = [\"all\", \"ghost\"]"),
@@ -444,7 +445,7 @@ fn invalid_configurations_fail_with_their_exact_error() {
         ),
         (
             with("[filters.j]\ntype = \"json\"\npointer = \"/a\"\nheader = \"h\"\nexists = true"),
-            "test.toml: filters.j.header: does not apply to a \"json\" filter",
+            "test.toml: filters.j.header: does not apply to a \"json\" filter (valid keys: type, pointer, equals, exists, regex, in)",
         ),
         (
             with("[filters.x]\ntype = \"xpath\""),
@@ -476,7 +477,7 @@ fn invalid_configurations_fail_with_their_exact_error() {
         ),
         (
             with("[filters.x]\ntype = \"xpath\"\nexpression = \"/a\"\npointer = \"/a\""),
-            "test.toml: filters.x.pointer: does not apply to a \"xpath\" filter",
+            "test.toml: filters.x.pointer: does not apply to a \"xpath\" filter (valid keys: type, expression, namespaces)",
         ),
         (
             with("[sessions]\nenabled = true\nmax_open = 20"),
@@ -852,6 +853,117 @@ fn parse_errors_name_the_file_and_key() {
     assert!(not_toml.starts_with("test.toml: "), "{not_toml}");
 }
 
+const INBOUND_KEYS: &str = "broker, queue, prefetch, declare, single_active_consumer, \
+                            queue_type, max_redeliveries, max_hops, dead_letter_by_policy, \
+                            trusted_users";
+
+const TOP_LEVEL_KEYS: &str = "name, shutdown_timeout_ms, worker_threads, inbound, dead_letter, \
+                              brokers, endpoints, backup_lists, filters, filter_table, sessions, \
+                              admin, ingress";
+
+#[test]
+fn an_unknown_key_is_named_by_its_path_with_the_nearest_valid_key() {
+    let cases = [
+        (
+            BASE.replace("[inbound]", "[inbound]\nprefetchh = 5"),
+            format!(
+                "test.toml: inbound.prefetchh: unknown key; did you mean `prefetch`? \
+                 (valid keys: {INBOUND_KEYS})"
+            ),
+        ),
+        (
+            BASE.replace(
+                "routing_key = \"service.primary\"",
+                "routingkey = \"service.primary\"",
+            ),
+            "test.toml: endpoints.primary.routingkey: unknown key; did you mean `routing_key`? \
+             (valid keys: broker, exchange, routing_key, declare_queue, declare_queue_type, \
+             confirm_timeout_ms, retries, headers, probe_interval_ms)"
+                .to_owned(),
+        ),
+        (
+            BASE.replace("routing_key = \"work.dlq\"", "Routing-Key = \"work.dlq\""),
+            "test.toml: dead_letter.Routing-Key: unknown key; did you mean `routing_key`? \
+             (valid keys: mode, exchange, routing_key, queue, queue_type)"
+                .to_owned(),
+        ),
+        (
+            BASE.replace("name = \"service\"", "nmae = \"service\""),
+            "test.toml: filter_table[0].nmae: unknown key; did you mean `name`? (valid keys: \
+             name, filter, endpoint, backup_list, priority, strategy, required, outage, \
+             outage_timeout_ms)"
+                .to_owned(),
+        ),
+        (
+            with("[filters.j]\ntype = \"json\"\npointr = \"/a\"\nexists = true"),
+            "test.toml: filters.j.pointr: does not apply to a \"json\" filter; did you mean \
+             `pointer`? (valid keys: type, pointer, equals, exists, regex, in)"
+                .to_owned(),
+        ),
+        (
+            with("[filters.m]\ntype = \"match_all\"\nheader = \"x\""),
+            "test.toml: filters.m.header: does not apply to a \"match_all\" filter (valid \
+             keys: type)"
+                .to_owned(),
+        ),
+        (
+            format!("shutdown_timeout = 5\n{BASE}"),
+            format!(
+                "test.toml: shutdown_timeout: unknown key; did you mean `shutdown_timeout_ms`? \
+                 (valid keys: {TOP_LEVEL_KEYS})"
+            ),
+        ),
+        (
+            with("[ingress.htp]\nlisten = \"8080\""),
+            "test.toml: ingress.htp: unknown key; did you mean `http`? (valid keys: http)"
+                .to_owned(),
+        ),
+        (
+            format!("colour = \"blue\"\n{BASE}"),
+            format!("test.toml: colour: unknown key (valid keys: {TOP_LEVEL_KEYS})"),
+        ),
+        (
+            BASE.replace("[inbound]", "[inbound]\nmax_retries = 5"),
+            format!("test.toml: inbound.max_retries: unknown key (valid keys: {INBOUND_KEYS})"),
+        ),
+    ];
+    for (toml, expected) in cases {
+        assert_eq!(error_of(&toml), expected);
+    }
+}
+
+#[test]
+fn an_unknown_key_from_the_environment_names_the_variable_and_the_nearest_key() {
+    let cases = [
+        (
+            "SWITCHYARD__INBOUND__PREFECH",
+            format!(
+                "environment variable SWITCHYARD__INBOUND__PREFECH: inbound.prefech: unknown \
+                 key; did you mean `prefetch`? (valid keys: {INBOUND_KEYS})"
+            ),
+        ),
+        (
+            "SWITCHYARD__COLOUR",
+            format!(
+                "environment variable SWITCHYARD__COLOUR: colour: unknown key (valid keys: \
+                 {TOP_LEVEL_KEYS})"
+            ),
+        ),
+        (
+            "SWITCHYARD__FILTERS__ALL__HEADR",
+            "environment variable SWITCHYARD__FILTERS__ALL__HEADR: filters.all.headr: does not \
+             apply to a \"match_all\" filter (valid keys: type)"
+                .to_owned(),
+        ),
+    ];
+    for (var, expected) in cases {
+        match load_str_with_env(BASE, "test.toml", &[(var, "5")]) {
+            Ok(_) => panic!("{var} should not fit"),
+            Err(e) => assert_eq!(e.to_string(), expected),
+        }
+    }
+}
+
 #[test]
 fn errors_never_contain_credentials() {
     let err = error_of(&BASE.replace("127.0.0.1:5672", "127.0.0.1:notaport"));
@@ -966,7 +1078,13 @@ fn the_http_ingress_settings_are_checked() {
             "listen = \"8080\"\ncert_file = \"c.pem\"",
             "ingress.http.key_file: missing: cert_file needs its key",
         ),
-        ("listen = \"8080\"\nbogus = 1", "unknown field `bogus`"),
+        (
+            "listen = \"8080\"\nbogus = 1",
+            "test.toml: ingress.http.bogus: unknown key (valid keys: listen, max_body_bytes, \
+             max_in_flight, request_timeout_ms, body_timeout_ms, tokens, allow_anonymous, \
+             forward_headers, idempotency_ttl_ms, idempotency_max_keys, max_connections, \
+             header_timeout_ms, cert_file, key_file)",
+        ),
     ];
     for (keys, expected) in cases {
         let error = error_of(&with(&format!("[ingress.http]\n{keys}\n")));
