@@ -67,10 +67,10 @@ impl Answer {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             NotTaken::SessionsFull(_) => StatusCode::TOO_MANY_REQUESTS,
-            NotTaken::NoRoute {
-                unparsable_body: true,
-            } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            NotTaken::NoRoute { .. } | NotTaken::Barred(Barred::NoRoute) => StatusCode::NOT_FOUND,
+            NotTaken::Barred(Barred::NoRoute {
+                unparsable_body: Some(_),
+            }) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            NotTaken::Barred(Barred::NoRoute { .. }) => StatusCode::NOT_FOUND,
             NotTaken::Barred(
                 Barred::SessionClosed { .. }
                 | Barred::SessionEnded { .. }

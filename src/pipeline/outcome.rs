@@ -3,6 +3,7 @@
 //! [`Verdict`] into an ack or a dead letter.
 
 use crate::broker::{PublishFailure, Refusal};
+use crate::routing::Unparsable;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -126,8 +127,12 @@ impl Reason {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Barred {
     /// No filter matched.
-    #[error("no filter-table entry matched")]
-    NoRoute,
+    #[error("no filter-table entry matched{}", unparsable_note(.unparsable_body))]
+    NoRoute {
+        /// The formats a body filter asked for the body in and it did not
+        /// parse as, if any.
+        unparsable_body: Option<Unparsable>,
+    },
     /// Headers nested deeper than the forwarder handles.
     #[error("headers nest {depth} levels deep (limit {limit})")]
     Malformed {
@@ -201,7 +206,7 @@ impl Barred {
     /// The dead-letter reason it stands for.
     pub fn reason(&self) -> Reason {
         match self {
-            Self::NoRoute => Reason::NoRoute,
+            Self::NoRoute { .. } => Reason::NoRoute,
             Self::Malformed { .. } | Self::SessionIdTooLong { .. } => Reason::Malformed,
             Self::Loop { .. } => Reason::Loop,
             Self::Poison { .. } => Reason::Poison,
@@ -210,6 +215,13 @@ impl Barred {
             Self::SessionClosed { .. } | Self::SessionEnded { .. } => Reason::SessionClosed,
         }
     }
+}
+
+/// What a no-route adds when a body filter could not read the body.
+fn unparsable_note(unparsable: &Option<Unparsable>) -> String {
+    unparsable
+        .map(|formats| format!("; the body did not parse as {formats}"))
+        .unwrap_or_default()
 }
 
 /// One branch that failed: where, and why.
@@ -504,6 +516,27 @@ mod tests {
             Cause::Barred(bar).to_string(),
             "forwarded 8 times already (inbound.max_hops = 8); a routing loop?"
         );
-        assert_eq!(Barred::NoRoute.reason(), Reason::NoRoute);
+    }
+
+    #[test]
+    fn a_no_route_says_when_the_body_did_not_parse() {
+        let said = |unparsable_body| {
+            let bar = Barred::NoRoute { unparsable_body };
+            assert_eq!(bar.reason(), Reason::NoRoute);
+            Cause::Barred(bar).to_string()
+        };
+        assert_eq!(said(None), "no filter-table entry matched");
+        assert_eq!(
+            said(Some(Unparsable::Json)),
+            "no filter-table entry matched; the body did not parse as JSON"
+        );
+        assert_eq!(
+            said(Some(Unparsable::Xml)),
+            "no filter-table entry matched; the body did not parse as XML"
+        );
+        assert_eq!(
+            said(Some(Unparsable::JsonAndXml)),
+            "no filter-table entry matched; the body did not parse as JSON or XML"
+        );
     }
 }

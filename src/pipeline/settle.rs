@@ -443,7 +443,10 @@ mod tests {
         let mut log = SettledLog::default();
         let message = Arc::new(envelope(None));
         let receipt = log.receipt(1);
-        let settling = settler.settle(&message, receipt, Verdict::barred(Barred::NoRoute));
+        let no_route = Barred::NoRoute {
+            unparsable_body: None,
+        };
+        let settling = settler.settle(&message, receipt, Verdict::barred(no_route));
         let timed = tokio::time::timeout(Duration::from_secs(10), settling).await;
         assert!(timed.is_err(), "still retrying");
         let tries = script.calls().len();

@@ -12,6 +12,7 @@
 
 use roxmltree::{NodeType, ParsingOptions};
 use std::cell::OnceCell;
+use std::fmt;
 use sxd_document::dom::{Document, Element, Root};
 use sxd_document::{Package, QName};
 
@@ -29,6 +30,28 @@ pub const MAX_XML_NODES: u32 = 65_536;
 /// inside each other (serde_json's recursion limit of 128 admits 127), XML
 /// elements inside each other.
 pub const MAX_BODY_DEPTH: usize = 127;
+
+/// The formats body filters asked for a body in, none of which it parsed
+/// as. Its `Display` names them: `JSON`, `XML`, `JSON or XML`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unparsable {
+    /// A `json` filter asked.
+    Json,
+    /// An `xpath` filter asked.
+    Xml,
+    /// Filters of both kinds asked.
+    JsonAndXml,
+}
+
+impl fmt::Display for Unparsable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Json => "JSON",
+            Self::Xml => "XML",
+            Self::JsonAndXml => "JSON or XML",
+        })
+    }
+}
 
 /// One message body, parsed on first use.
 pub struct Body<'a> {
@@ -60,10 +83,19 @@ impl<'a> Body<'a> {
             .map(Package::as_document)
     }
 
-    /// Whether a filter asked for the body as JSON or XML and it was not
-    /// one (or was past the bounds).
-    pub fn failed_to_parse(&self) -> bool {
-        matches!(self.json.get(), Some(None)) || matches!(self.xml.get(), Some(None))
+    /// The formats filters asked for the body in, when it parsed as none
+    /// of them (or was past the bounds); `None` when nothing asked, or
+    /// when it parsed as one: a JSON body that an `xpath` filter could
+    /// not read is still a readable body.
+    pub fn unparsable(&self) -> Option<Unparsable> {
+        let json = self.json.get().map(Option::is_some);
+        let xml = self.xml.get().map(Option::is_some);
+        match (json, xml) {
+            (Some(false), Some(false)) => Some(Unparsable::JsonAndXml),
+            (Some(false), None) => Some(Unparsable::Json),
+            (None, Some(false)) => Some(Unparsable::Xml),
+            _ => None,
+        }
     }
 
     /// Whether nothing asked for the body yet.
@@ -191,6 +223,33 @@ mod tests {
 
     fn nested_xml(depth: usize) -> Vec<u8> {
         format!("{}{}", "<a>".repeat(depth), "</a>".repeat(depth)).into_bytes()
+    }
+
+    #[test]
+    fn unparsable_names_the_formats_asked_for_when_none_parsed() {
+        let neither = Body::new(b"plain text");
+        assert_eq!(neither.unparsable(), None, "nothing asked yet");
+        assert!(neither.json().is_none());
+        assert_eq!(neither.unparsable(), Some(Unparsable::Json));
+        assert!(neither.xml().is_none());
+        assert_eq!(neither.unparsable(), Some(Unparsable::JsonAndXml));
+
+        let json = Body::new(b"{}");
+        assert!(json.xml().is_none());
+        assert_eq!(json.unparsable(), Some(Unparsable::Xml));
+        assert!(json.json().is_some());
+        assert_eq!(json.unparsable(), None, "it parsed as one format asked");
+
+        let xml = Body::new(b"<order/>");
+        assert!(xml.json().is_none());
+        assert!(xml.xml().is_some());
+        assert_eq!(xml.unparsable(), None);
+
+        let shown: Vec<String> = [Unparsable::Json, Unparsable::Xml, Unparsable::JsonAndXml]
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(shown, ["JSON", "XML", "JSON or XML"]);
     }
 
     #[test]

@@ -19,7 +19,7 @@ mod body;
 mod filter;
 mod topic;
 
-pub use body::{MAX_BODY_BYTES, MAX_BODY_DEPTH, MAX_XML_NODES};
+pub use body::{MAX_BODY_BYTES, MAX_BODY_DEPTH, MAX_XML_NODES, Unparsable};
 pub use filter::{BodyFilterError, Filter, JsonPointer, Property, ValueTest, XPathTest};
 pub use topic::TopicPattern;
 
@@ -201,14 +201,18 @@ impl RoutingTable {
         self.route_body(envelope, &Body::new(&envelope.body))
     }
 
-    /// [`Self::route`], and whether a body filter needed the body parsed
-    /// and it did not parse (as JSON or XML, whichever was asked): the
-    /// HTTP ingress answers such a request 415 rather than 404 when
-    /// nothing matched.
-    pub fn route_reading_body(&self, envelope: &Envelope) -> (Vec<BranchPlan>, bool) {
+    /// [`Self::route`], and, when nothing matched, the formats body
+    /// filters asked for the body in if it parsed as none of them: a
+    /// no-route dead letter says so, and the HTTP ingress answers 415
+    /// rather than 404. Looking parses nothing more.
+    pub fn route_reading_body(&self, envelope: &Envelope) -> (Vec<BranchPlan>, Option<Unparsable>) {
         let body = Body::new(&envelope.body);
         let plans = self.route_body(envelope, &body);
-        let unparsable = body.failed_to_parse();
+        let unparsable = if plans.is_empty() {
+            body.unparsable()
+        } else {
+            None
+        };
         (plans, unparsable)
     }
 

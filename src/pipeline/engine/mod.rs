@@ -81,7 +81,8 @@ impl Engine {
 }
 
 /// The branches `envelope` takes, or why it is not to be forwarded: the
-/// screen's bar (`barred`), or `no-route`.
+/// screen's bar (`barred`), or `no-route` (saying when a body filter could
+/// not parse the body).
 pub fn route(
     routing: &RoutingTable,
     envelope: &Envelope,
@@ -90,9 +91,9 @@ pub fn route(
     if let Some(barred) = barred {
         return Err(barred);
     }
-    let plans = routing.route(envelope);
+    let (plans, unparsable_body) = routing.route_reading_body(envelope);
     if plans.is_empty() {
-        Err(Barred::NoRoute)
+        Err(Barred::NoRoute { unparsable_body })
     } else {
         Ok(plans)
     }

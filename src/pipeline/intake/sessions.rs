@@ -80,9 +80,9 @@ impl HttpSessions {
         lost: CancellationToken,
     ) -> Result<Submitted, NotTaken> {
         let Some(config) = generation.settings.sessions.clone() else {
-            return Err(NotTaken::NoRoute {
-                unparsable_body: false,
-            });
+            return Err(NotTaken::Barred(Barred::NoRoute {
+                unparsable_body: None,
+            }));
         };
         let open = {
             let mut registry = self.lock();
@@ -210,9 +210,9 @@ impl Session {
     ) -> Result<Outcome, NotTaken> {
         let generation = self.generation.clone();
         let Some(config) = generation.settings.sessions.as_ref() else {
-            return Err(NotTaken::NoRoute {
-                unparsable_body: false,
-            });
+            return Err(NotTaken::Barred(Barred::NoRoute {
+                unparsable_body: None,
+            }));
         };
         if self.ended {
             return Err(NotTaken::Barred(Barred::SessionEnded { id: id.into() }));

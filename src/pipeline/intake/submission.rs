@@ -24,19 +24,9 @@ pub enum NotTaken {
     /// The forwarder is stopping.
     #[error("the forwarder is stopping")]
     Stopping,
-    /// The screen or its session bars it.
+    /// The screen, the filter table (`no-route`) or its session bars it.
     #[error("{0}")]
     Barred(Barred),
-    /// No filter-table entry matched.
-    #[error("{}", if *.unparsable_body {
-        "no filter-table entry matched, and a body filter could not parse the body"
-    } else {
-        "no filter-table entry matched"
-    })]
-    NoRoute {
-        /// A body filter was asked and the body did not parse.
-        unparsable_body: bool,
-    },
     /// Every session slot is taken.
     #[error("{0} sessions are open, the most sessions.max_open allows; try again later")]
     SessionsFull(u32),
@@ -59,7 +49,7 @@ pub(super) fn plans(
 ) -> Result<Vec<BranchPlan>, NotTaken> {
     let (plans, unparsable_body) = generation.settings.routing.route_reading_body(envelope);
     if plans.is_empty() {
-        return Err(NotTaken::NoRoute { unparsable_body });
+        return Err(NotTaken::Barred(Barred::NoRoute { unparsable_body }));
     }
     Ok(plans
         .into_iter()
