@@ -17,8 +17,8 @@ use support::config::{Branch, Endpoint, Filter, Forwarder};
 use support::harness::{InProcess, Process, wait_consumers};
 use support::{
     BlackHole, DEFAULT_TIMEOUT, FaultProxy, HttpResponse, Message, Metrics, TestBroker, amqp_addr,
-    amqp_str, delete_all_with_prefix, field_table, http_get, http_request, unique_prefix, wait_for,
-    wait_until,
+    amqp_str, delete_all_with_prefix, field_table, http_get, http_request, tally, unique_prefix,
+    wait_for, wait_until,
 };
 use switchyard::Options;
 
@@ -67,14 +67,6 @@ async fn wait_ready(addr: SocketAddr, status: u16) -> HttpResponse {
         },
     )
     .await
-}
-
-fn tally(messages: &[Message]) -> BTreeMap<String, usize> {
-    let mut counts = BTreeMap::new();
-    for m in messages {
-        *counts.entry(m.body_str()).or_insert(0) += 1;
-    }
-    counts
 }
 
 fn once(bodies: impl IntoIterator<Item = String>) -> BTreeMap<String, usize> {

@@ -7,11 +7,10 @@
 mod support;
 
 use lapin::BasicProperties;
-use std::collections::BTreeMap;
 use std::time::Duration;
 use support::harness::{Process, seed_toml, top_toml, wait_consumers};
 use support::node::PrivateNode;
-use support::{DEFAULT_TIMEOUT, TestBroker, amqp_url, unique_prefix, wait_until};
+use support::{DEFAULT_TIMEOUT, TestBroker, amqp_url, tally, unique_prefix, wait_until};
 
 const BACKLOG: u32 = 2000;
 const PREFETCH: u32 = 200;
@@ -114,17 +113,14 @@ async fn a_memory_alarm_is_waited_out_without_failover_dead_letters_or_unbounded
     let mut duplicates = 0;
     let mut after_alarm_failovers = 0;
     for branch in ["service", "logging"] {
-        let mut seen: BTreeMap<String, usize> = BTreeMap::new();
-        for queue in [branch.to_owned(), format!("{branch}.backup")] {
-            let messages = broker.get_all(&format!("{p}.{queue}")).await;
-            if queue.ends_with("backup") {
-                after_alarm_failovers += messages.len();
-            }
-            for m in messages {
-                let id = m.properties.message_id().as_ref().map(|i| i.to_string());
-                *seen.entry(id.unwrap_or_default()).or_default() += 1;
-            }
-        }
+        let mut messages = broker.get_all(&format!("{p}.{branch}")).await;
+        let backup = broker.get_all(&format!("{p}.{branch}.backup")).await;
+        after_alarm_failovers += backup.len();
+        messages.extend(backup);
+        let seen = tally(messages.iter().map(|m| {
+            let id = m.properties.message_id().as_ref().map(|i| i.to_string());
+            id.unwrap_or_default()
+        }));
         assert_eq!(seen.len(), BACKLOG as usize, "{branch}: every message");
         duplicates += seen.values().map(|n| n - 1).sum::<usize>();
     }

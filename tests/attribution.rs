@@ -16,7 +16,7 @@ use support::config::{Branch, Endpoint, Filter, Forwarder};
 use support::harness::InProcess;
 use support::{
     DEFAULT_TIMEOUT, Message, POLL_INTERVAL, TestBroker, amqp_str, delete_all_with_prefix,
-    field_table, ready_unacked, unique_prefix,
+    field_table, ready_unacked, tally, unique_prefix,
 };
 
 /// The header every forwarded copy carries.
@@ -78,10 +78,7 @@ fn publish_id(m: &Message) -> i64 {
 
 /// Ids that occur more than once in a sorted list, with their counts.
 fn duplicates(sorted: &[String]) -> BTreeMap<String, usize> {
-    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-    for id in sorted {
-        *counts.entry(id.clone()).or_default() += 1;
-    }
+    let mut counts = tally(sorted.iter().cloned());
     counts.retain(|_, n| *n > 1);
     counts
 }

@@ -1566,15 +1566,13 @@ impl Accounting {
     }
 
     /// Copies per message id in the given queues.
-    fn tally(&self, suffixes: &[&str]) -> HashMap<String, usize> {
-        let mut counts = HashMap::new();
-        for suffix in suffixes {
-            for m in self.queue(suffix) {
-                let id = m.message_id.clone().unwrap_or_default();
-                *counts.entry(id).or_insert(0) += 1;
-            }
-        }
-        counts
+    fn tally(&self, suffixes: &[&str]) -> BTreeMap<String, usize> {
+        support::tally(
+            suffixes
+                .iter()
+                .flat_map(|suffix| self.queue(suffix))
+                .map(|m| m.message_id.clone().unwrap_or_default()),
+        )
     }
 
     /// Over the copies in `suffixes`: how many are duplicates, and the ids
@@ -1610,7 +1608,7 @@ impl Accounting {
         let mut out = String::new();
         let mut problems = Vec::new();
         let is_poison = |id: &str| id.starts_with("poison-");
-        let normal = |counts: &HashMap<String, usize>| -> (usize, usize) {
+        let normal = |counts: &BTreeMap<String, usize>| -> (usize, usize) {
             let copies = counts
                 .iter()
                 .filter(|(id, _)| !is_poison(id))

@@ -474,10 +474,7 @@ impl Accounting {
         BRANCHES
             .iter()
             .map(|(branch, [primary, backup])| {
-                let mut counts: HashMap<String, usize> = HashMap::new();
-                for id in self.ids(primary).chain(self.ids(backup)) {
-                    *counts.entry(id).or_insert(0) += 1;
-                }
+                let counts = support::tally(self.ids(primary).chain(self.ids(backup)));
                 let lost = (0..self.published)
                     .map(id)
                     .filter(|id| !counts.contains_key(id))

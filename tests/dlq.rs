@@ -19,7 +19,7 @@ use support::config::{Branch, Endpoint, Filter, Forwarder};
 use support::harness::InProcess;
 use support::{
     BULK_TIMEOUT, DEFAULT_TIMEOUT, Message, TestBroker, amqp_addr, amqp_str, amqp_url,
-    delete_all_with_prefix, ready_unacked, unique_prefix, wait_until,
+    delete_all_with_prefix, ready_unacked, tally, unique_prefix, wait_until,
 };
 
 /// The keys of every `dlq inspect --json` object (README, "Dead-letter queue").
@@ -838,13 +838,11 @@ async fn a_redrive_interrupted_or_killed_midway_loses_nothing() {
         assert_eq!(only(m), Some(vec!["logging".to_owned()]));
         assert!(m.header("x-switchyard-failed").is_none());
     }
-    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
-    for id in message_ids(&in_dlq)
-        .into_iter()
-        .chain(message_ids(&redriven))
-    {
-        *seen.entry(id).or_default() += 1;
-    }
+    let seen = tally(
+        message_ids(&in_dlq)
+            .into_iter()
+            .chain(message_ids(&redriven)),
+    );
     let missing: Vec<String> = (0..N)
         .map(|i| format!("o{i}"))
         .filter(|id| !seen.contains_key(id))

@@ -13,7 +13,7 @@ use support::harness::{InProcess, endpoint_toml, one_branch_toml as one_branch};
 use support::{
     DEFAULT_TIMEOUT, FaultProxy, Message, TestBroker, amqp_addr, amqp_str, amqp_url,
     close_connections_named, connections_named, delete_all_with_prefix, rabbitmqctl, ready_unacked,
-    unique_prefix, wait_until,
+    tally, unique_prefix, wait_until,
 };
 
 fn on_main(p: &str, mode: &str) -> String {
@@ -51,16 +51,12 @@ async fn at_least(broker: &TestBroker, queue: &str, n: u32) {
 
 /// Message ids in a queue with how often each appears.
 fn counts(messages: &[Message]) -> BTreeMap<String, usize> {
-    let mut counts = BTreeMap::new();
-    for m in messages {
-        let id = m
-            .properties
+    tally(messages.iter().map(|m| {
+        m.properties
             .message_id()
             .as_ref()
-            .map_or_else(|| m.body_str(), |id| id.to_string());
-        *counts.entry(id).or_default() += 1;
-    }
-    counts
+            .map_or_else(|| m.body_str(), |id| id.to_string())
+    }))
 }
 
 /// A producer that is not the forwarder's user: its messages carry a

@@ -19,7 +19,8 @@ use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldArray, FieldTable};
 use support::harness::{Process, base_toml, seed_toml, wait_consumers};
 use support::{
-    Message, TestBroker, amqp_str, delete_all_with_prefix, ready_unacked, unique_prefix, wait_until,
+    Message, TestBroker, amqp_str, delete_all_with_prefix, ready_unacked, tally, unique_prefix,
+    wait_until,
 };
 
 /// Normal messages per run.
@@ -97,15 +98,6 @@ fn normal_props(id: &str, n: usize) -> BasicProperties {
         .with_message_id(id.into())
         .with_delivery_mode(2)
         .with_headers(headers)
-}
-
-/// How many times each body occurs.
-fn tally<'a>(messages: impl IntoIterator<Item = &'a Message>) -> BTreeMap<String, usize> {
-    let mut counts = BTreeMap::new();
-    for m in messages {
-        *counts.entry(m.body_str()).or_insert(0) += 1;
-    }
-    counts
 }
 
 fn log_tail(log: &str, lines: usize) -> String {

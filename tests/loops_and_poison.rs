@@ -20,7 +20,7 @@ use support::config::{Branch, Endpoint, Filter, Forwarder};
 use support::harness::InProcess;
 use support::{
     DEFAULT_TIMEOUT, FaultProxy, Message, TestBroker, amqp_addr, amqp_str, close_connections_named,
-    delete_all_with_prefix, field_table, ready_unacked, unique_prefix, wait_until,
+    delete_all_with_prefix, field_table, ready_unacked, tally, unique_prefix, wait_until,
 };
 
 /// One `[[filter_table]]` entry: branch `branch`, matched by `filter`,
@@ -66,15 +66,6 @@ fn hops(m: &Message) -> Option<i64> {
         AMQPValue::LongLongInt(n) => Some(*n),
         other => panic!("x-switchyard-hops is not an integer: {other:?}"),
     }
-}
-
-/// How many times each body occurs.
-fn tally(messages: &[Message]) -> BTreeMap<String, usize> {
-    let mut counts = BTreeMap::new();
-    for m in messages {
-        *counts.entry(m.body_str()).or_insert(0) += 1;
-    }
-    counts
 }
 
 /// Waits until `queue` holds `ready` ready and `unacked` unacked messages,

@@ -16,7 +16,7 @@ use support::harness::{
 use support::node::PrivateNode;
 use support::{
     DEFAULT_TIMEOUT, FaultProxy, TestBroker, amqp_addr, delete_all_with_prefix, ready_unacked,
-    unique_prefix, wait_until,
+    tally_queues, unique_prefix, wait_until,
 };
 
 const STREAM: u32 = 3000;
@@ -102,17 +102,6 @@ async fn open_confirm_channel(url: &str) -> Option<(lapin::Connection, lapin::Ch
     Some((connection, channel))
 }
 
-/// Message id -> copies, over `queues`.
-async fn tally(broker: &TestBroker, queues: &[String]) -> BTreeMap<String, usize> {
-    let mut seen = BTreeMap::new();
-    for queue in queues {
-        for m in broker.get_all(queue).await {
-            *seen.entry(m.body_str()).or_insert(0) += 1;
-        }
-    }
-    seen
-}
-
 /// The seed scenario on a private node restarted twice (5 s down each)
 /// while a stream of messages flows: every message reaches both branches,
 /// none is dead-lettered.
@@ -150,12 +139,12 @@ async fn restarted_twice(mode: &str) {
     forwarder.signal("TERM");
     assert_eq!(forwarder.wait_exit(DEFAULT_TIMEOUT).await, Some(0));
     let broker = TestBroker::connect_to(&node.amqp_url(), &format!("{p}-count")).await;
-    let service = tally(
+    let service = tally_queues(
         &broker,
         &[format!("{p}.service"), format!("{p}.service.backup")],
     )
     .await;
-    let logging = tally(
+    let logging = tally_queues(
         &broker,
         &[format!("{p}.logging"), format!("{p}.logging.backup")],
     )
@@ -264,7 +253,7 @@ async fn a_broker_that_stops_confirming_holds_the_messages_then_delivers_them() 
     )
     .await;
     forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
-    let copies = tally(&broker, &[format!("{p}.primary"), format!("{p}.backup")]).await;
+    let copies = tally_queues(&broker, &[format!("{p}.primary"), format!("{p}.backup")]).await;
     for i in 0..25 {
         let (id, _) = message(i);
         assert!(copies.contains_key(&id), "{id} lost");

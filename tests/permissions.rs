@@ -47,8 +47,8 @@ use support::config::Forwarder;
 use support::harness::{Process, wait_consumers};
 use support::vhost::TestVhost;
 use support::{
-    BULK_TIMEOUT, DEFAULT_TIMEOUT, POLL_INTERVAL, TestBroker, unique_prefix, wait_until,
-    wait_until_every,
+    BULK_TIMEOUT, DEFAULT_TIMEOUT, POLL_INTERVAL, TestBroker, tally_queues, unique_prefix,
+    wait_until, wait_until_every,
 };
 
 /// Messages streamed in all; the permissions go at the half.
@@ -84,17 +84,6 @@ async fn stream(url: String, queue: String, range: Range<u32>) {
         tokio::time::sleep(PACE).await;
     }
     broker.close().await;
-}
-
-/// Message id -> copies, over `queues`.
-async fn tally(broker: &TestBroker, queues: &[String]) -> BTreeMap<String, usize> {
-    let mut seen = BTreeMap::new();
-    for queue in queues {
-        for m in broker.get_all(queue).await {
-            *seen.entry(m.body_str()).or_insert(0) += 1;
-        }
-    }
-    seen
 }
 
 /// Copies held by `queues` together.
@@ -196,8 +185,8 @@ async fn permissions_lost_mid_stream(loss: Loss) {
     forwarder.signal("TERM");
     assert_eq!(forwarder.wait_exit(DEFAULT_TIMEOUT).await, Some(0));
 
-    let service = tally(&broker, &service).await;
-    let logging = tally(&broker, &logging).await;
+    let service = tally_queues(&broker, &service).await;
+    let logging = tally_queues(&broker, &logging).await;
     let dead = broker.get_all(&dlq).await;
     let duplicates = |t: &BTreeMap<String, usize>| t.values().map(|n| n - 1).sum::<usize>();
     let log = forwarder.log();

@@ -11,8 +11,8 @@ use lapin::BasicProperties;
 use support::config::{Branch, Endpoint, Filter, Forwarder};
 use support::harness::{Process, consumer_count, wait_consumers};
 use support::{
-    BULK_TIMEOUT, DEFAULT_TIMEOUT, FaultProxy, Message, TestBroker, amqp_addr,
-    delete_all_with_prefix, ready_unacked, unique_prefix, wait_for, wait_until,
+    BULK_TIMEOUT, DEFAULT_TIMEOUT, FaultProxy, TestBroker, amqp_addr, delete_all_with_prefix,
+    ready_unacked, tally, unique_prefix, wait_for, wait_until,
 };
 
 /// The seed scenario's two branches with prefetch `prefetch`.
@@ -43,15 +43,6 @@ async fn wait_ready_unacked(queue: &str, ready: u64, unacked: u64, timeout: Dura
         || async move { ready_unacked(queue).await == Some((ready, unacked)) },
     )
     .await;
-}
-
-/// How many times each body occurs in `messages`.
-fn tally<'a>(messages: impl IntoIterator<Item = &'a Message>) -> BTreeMap<String, usize> {
-    let mut counts = BTreeMap::new();
-    for m in messages {
-        *counts.entry(m.body_str()).or_insert(0) += 1;
-    }
-    counts
 }
 
 /// Sum over bodies of the copies beyond the first, with the duplicated bodies.

@@ -20,17 +20,8 @@ use support::config::{Branch, Endpoint, Filter, Forwarder};
 use support::harness::{InProcess, Process, consumer_count, wait_consumers};
 use support::{
     DEFAULT_TIMEOUT, Message, TestBroker, amqp_addr, amqp_str, delete_all_with_prefix, field_table,
-    rabbitmqctl, ready_unacked, unique_prefix, wait_until,
+    rabbitmqctl, ready_unacked, tally, unique_prefix, wait_until,
 };
-
-/// How many times each body occurs.
-fn tally(messages: &[Message]) -> BTreeMap<String, usize> {
-    let mut counts = BTreeMap::new();
-    for m in messages {
-        *counts.entry(m.body_str()).or_insert(0) += 1;
-    }
-    counts
-}
 
 /// The queue's arguments as `rabbitmqctl list_queues` prints them.
 async fn queue_arguments(queue: &str) -> Option<String> {

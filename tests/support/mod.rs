@@ -6,9 +6,9 @@
 //! admin endpoint (`http_get`, `Metrics`), a private RabbitMQ node
 //! (`PrivateNode`) for faults the shared broker must not see, and a raw AMQP
 //! client (`raw`) for messages a client library cannot be trusted to decode,
-//! CPU and memory readings from `/proc` (`procfs`) for measurements, and a
+//! CPU and memory readings from `/proc` (`procfs`) for measurements, a
 //! vhost and user of a test's own (`vhost::TestVhost`) for permission
-//! changes.
+//! changes, and copies counted by body or id (`tally`).
 //!
 //! Every test names all of its queues, exchanges and connections with a
 //! `unique_prefix`, so tests can run in parallel and repeatedly against the
@@ -18,6 +18,7 @@
 pub mod broker;
 pub mod cluster;
 pub mod config;
+pub mod counting;
 pub mod harness;
 pub mod http;
 pub mod ingress;
@@ -33,6 +34,8 @@ pub mod vhost;
 // Each test binary uses a different part of the kit.
 #[allow(unused_imports)]
 pub use broker::*;
+#[allow(unused_imports)]
+pub use counting::*;
 #[allow(unused_imports)]
 pub use http::*;
 #[allow(unused_imports)]

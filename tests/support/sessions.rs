@@ -3,7 +3,7 @@
 //! until an inbound queue has settled everything.
 
 use super::config::{Branch, Endpoint, Filter, Forwarder};
-use super::{Message, TestBroker, ready_unacked, wait_until};
+use super::{Message, TestBroker, ready_unacked, tally, wait_until};
 use lapin::BasicProperties;
 use lapin::types::AMQPValue;
 use std::collections::BTreeMap;
@@ -119,11 +119,12 @@ pub fn by_session(queue: &[Message]) -> BTreeMap<String, Vec<&Message>> {
 
 /// How often each independent message (by `message_id`) occurs in `queue`.
 pub fn independents(queue: &[Message]) -> BTreeMap<String, usize> {
-    let mut counts = BTreeMap::new();
-    for m in queue.iter().filter(|m| session_of(m).is_none()) {
-        *counts.entry(message_id(m)).or_insert(0) += 1;
-    }
-    counts
+    tally(
+        queue
+            .iter()
+            .filter(|m| session_of(m).is_none())
+            .map(message_id),
+    )
 }
 
 pub fn seqs(messages: &[&Message]) -> Vec<u32> {
