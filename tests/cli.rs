@@ -8,21 +8,9 @@ mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use support::harness::clean_command as switchyard;
 
 const REPO_CONFIG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/config/switchyard.toml");
-
-/// The binary with no `SWITCHYARD*` variables inherited from the test's environment.
-fn switchyard() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchyard"));
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("SWITCHYARD") {
-            cmd.env_remove(key);
-        }
-    }
-    cmd.env_remove("RUST_BACKTRACE")
-        .env_remove("RUST_LIB_BACKTRACE");
-    cmd
-}
 
 fn run(cmd: &mut Command) -> Output {
     cmd.output()

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::process::{Output, Stdio};
 use std::time::{SystemTime, UNIX_EPOCH};
 use support::config::{Branch, Endpoint, Filter, Forwarder};
-use support::harness::InProcess;
+use support::harness::{InProcess, clean_command};
 use support::{
     BULK_TIMEOUT, DEFAULT_TIMEOUT, Message, TestBroker, amqp_addr, amqp_str, amqp_url,
     delete_all_with_prefix, ready_unacked, tally, unique_prefix, wait_until,
@@ -100,15 +100,9 @@ impl Drop for ConfigFile {
     }
 }
 
-/// The binary with no `SWITCHYARD*` variables inherited.
+/// The binary clean of the test's environment, with nothing on stdin.
 fn switchyard() -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"));
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("SWITCHYARD") {
-            cmd.env_remove(key);
-        }
-    }
-    cmd.env_remove("RUST_BACKTRACE");
+    let mut cmd = tokio::process::Command::from(clean_command());
     cmd.stdin(Stdio::null());
     cmd
 }

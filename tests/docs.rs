@@ -7,9 +7,12 @@
 //! and the Markdown files link only to files and headings the repository
 //! has. No broker needed.
 
+mod support;
+
 use regex::Regex;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use support::harness::clean_command;
 use switchyard::config::load_str;
 
 const CONFIGURATION: &str = "docs/configuration.md";
@@ -464,16 +467,10 @@ fn console_output(markdown: &str, command: &str) -> String {
     console_block(markdown, &format!("```console\n$ {command}\n"))
 }
 
-/// `switchyard ARGS` run in `dir` without the test's own `SWITCHYARD*`
-/// variables.
+/// `switchyard ARGS` run in `dir`, clean of the test's environment.
 fn switchyard_in(dir: &Path, args: &[&str]) -> std::process::Output {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"));
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("SWITCHYARD") {
-            cmd.env_remove(key);
-        }
-    }
-    cmd.args(args)
+    clean_command()
+        .args(args)
         .current_dir(dir)
         .output()
         .unwrap_or_else(|e| panic!("switchyard {args:?}: {e}"))

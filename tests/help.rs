@@ -6,25 +6,20 @@
 
 mod support;
 
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::Duration;
 
 use lapin::BasicProperties;
-use support::harness::{Process, base_toml, seed_toml, wait_consumers};
+use support::harness::{Process, base_toml, clean_command, seed_toml, wait_consumers};
 use support::{
     DEFAULT_TIMEOUT, TestBroker, amqp_addr, amqp_url, delete_all_with_prefix, unique_prefix,
     wait_until,
 };
 
-/// The binary with no `SWITCHYARD*` variables inherited.
+/// `switchyard ARGS` run clean of the test's environment.
 fn switchyard(args: &[&str]) -> Output {
-    let mut cmd = Command::new(Process::binary());
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("SWITCHYARD") {
-            cmd.env_remove(key);
-        }
-    }
-    cmd.args(args)
+    clean_command()
+        .args(args)
         .output()
         .unwrap_or_else(|e| panic!("cannot run switchyard: {e}"))
 }

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 use support::config::{Forwarder, Value};
-use support::harness::{Process, wait_consumers};
+use support::harness::{Process, clean_command, wait_consumers};
 use support::ingress::{Client, start_ingress, stop_clean};
 use support::procfs;
 use support::{
@@ -506,11 +506,7 @@ fn an_override_cannot_switch_authentication_off() {
     let path = std::env::temp_dir().join(format!("{p}.toml"));
     std::fs::write(&path, toml).unwrap_or_else(|e| panic!("{e}"));
     let check = |tokens: &str| {
-        let mut command = std::process::Command::new(Process::binary());
-        for (name, _) in std::env::vars().filter(|(k, _)| k.starts_with("SWITCHYARD")) {
-            command.env_remove(name);
-        }
-        let out = command
+        let out = clean_command()
             .args(["check", "--config"])
             .arg(&path)
             .env("SWITCHYARD__INGRESS__HTTP__TOKENS", tokens)

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable};
 use support::config::{Branch, Endpoint, Filter, Forwarder};
-use support::harness::{InProcess, Process, wait_consumers};
+use support::harness::{InProcess, Process, clean_command, wait_consumers};
 use support::sessions::*;
 use support::{
     BULK_TIMEOUT, DEFAULT_TIMEOUT, Message, Metrics, TestBroker, array_names,
@@ -897,13 +897,7 @@ async fn memory_stays_bounded_with_every_session_slot_full_of_large_messages() {
 fn check(name: &str, toml: &str) -> (Option<i32>, String, String) {
     let path: PathBuf = std::env::temp_dir().join(format!("{}.toml", unique_prefix(name)));
     std::fs::write(&path, toml).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchyard"));
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("SWITCHYARD") {
-            cmd.env_remove(key);
-        }
-    }
-    let out = cmd
+    let out = clean_command()
         .arg("check")
         .arg("--config")
         .arg(&path)

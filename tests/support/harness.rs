@@ -197,6 +197,20 @@ pub async fn wait_consumers(broker: &TestBroker, queue: &str, n: u32) {
     .await;
 }
 
+/// The switchyard binary with none of the test's `SWITCHYARD*` or backtrace variables inherited.
+pub fn clean_command() -> Command {
+    let mut command = Command::new(Process::binary());
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("SWITCHYARD") {
+            command.env_remove(key);
+        }
+    }
+    command
+        .env_remove("RUST_BACKTRACE")
+        .env_remove("RUST_LIB_BACKTRACE");
+    command
+}
+
 /// What a [`Process`] is started through.
 #[derive(Debug, Clone, Copy)]
 pub enum Wrap<'a> {
