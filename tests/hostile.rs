@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldArray, FieldTable};
-use support::harness::{Process, base_toml, seed_toml, wait_consumers};
+use support::harness::{Process, base_toml, log_tail, seed_toml, wait_consumers};
 use support::{
     Message, TestBroker, amqp_str, delete_all_with_prefix, ready_unacked, tally, unique_prefix,
     wait_until,
@@ -98,11 +98,6 @@ fn normal_props(id: &str, n: usize) -> BasicProperties {
         .with_message_id(id.into())
         .with_delivery_mode(2)
         .with_headers(headers)
-}
-
-fn log_tail(log: &str, lines: usize) -> String {
-    let all: Vec<&str> = log.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 /// A queue's total length across the primary and backup endpoint.

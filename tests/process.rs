@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use lapin::BasicProperties;
 use support::config::{Branch, Endpoint, Filter, Forwarder};
-use support::harness::{Process, consumer_count, wait_consumers};
+use support::harness::{Process, consumer_count, log_tail, wait_consumers};
 use support::{
     BULK_TIMEOUT, DEFAULT_TIMEOUT, FaultProxy, TestBroker, amqp_addr, delete_all_with_prefix,
     ready_unacked, tally, unique_prefix, wait_for, wait_until,
@@ -53,12 +53,6 @@ fn duplicates(counts: &BTreeMap<String, usize>) -> (usize, Vec<(&str, usize)>) {
         .map(|(b, n)| (b.as_str(), *n))
         .collect();
     (dups.iter().map(|(_, n)| n - 1).sum(), dups)
-}
-
-/// The last `lines` lines of a log, for failure messages.
-fn log_tail(log: &str, lines: usize) -> String {
-    let all: Vec<&str> = log.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use lapin::options::ExchangeDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, ExchangeKind};
-use support::harness::{Process, seed_toml, top_toml, wait_consumers};
+use support::harness::{Process, log_tail, seed_toml, top_toml, wait_consumers};
 use support::sessions::*;
 use support::{
     BULK_TIMEOUT, DEFAULT_TIMEOUT, TestBroker, amqp_str, amqp_url, delete_all_with_prefix,
@@ -83,11 +83,6 @@ async fn wait_requeued(queue: &str) {
         || async { ready_unacked(queue).await.is_some_and(|(_, u)| u == 0) },
     )
     .await;
-}
-
-fn log_tail(log: &str, lines: usize) -> String {
-    let all: Vec<&str> = log.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 async fn stop(process: &mut Process, what: &str) {

@@ -211,6 +211,12 @@ pub fn clean_command() -> Command {
     command
 }
 
+/// The last `lines` lines of `log`, for failure messages.
+pub fn log_tail(log: &str, lines: usize) -> String {
+    let all: Vec<&str> = log.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
 /// What a [`Process`] is started through.
 #[derive(Debug, Clone, Copy)]
 pub enum Wrap<'a> {

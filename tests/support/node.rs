@@ -285,8 +285,7 @@ impl PrivateNode {
     pub fn log_tail(&self, lines: usize) -> String {
         let log = std::fs::read_to_string(self.base.join("log").join(format!("{}.log", self.name)))
             .unwrap_or_default();
-        let all: Vec<&str> = log.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
+        super::harness::log_tail(&log, lines)
     }
 
     /// Boots again a node whose Erlang VM is gone (SIGKILLed): same name,
