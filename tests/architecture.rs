@@ -7,8 +7,11 @@
 //! module that defines the item. Re-exports themselves, and unit tests
 //! (`#[cfg(test)] mod tests`), are not edges. No broker needed.
 
+mod support;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use support::repo::root;
 
 type ModPath = Vec<String>;
 
@@ -17,10 +20,6 @@ struct Crate {
     files: BTreeMap<ModPath, PathBuf>,
     /// Each module's source, comments and unit tests taken out.
     sources: BTreeMap<ModPath, String>,
-}
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
 /// The source without comments, string contents and its unit-test module.

@@ -9,6 +9,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use support::harness::clean_command as switchyard;
+use support::repo::root;
 
 const REPO_CONFIG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/config/switchyard.toml");
 
@@ -253,7 +254,7 @@ fn config_defaults_to_the_environment_variable() {
     // the environment variable must win over it.
     let out = run(switchyard()
         .arg("check")
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .current_dir(root())
         .env("SWITCHYARD_CONFIG", config.path()));
     let (text, err) = (stdout(&out), stderr(&out));
     assert_eq!(out.status.code(), Some(0), "stdout: {text}\nstderr: {err}");
@@ -293,9 +294,7 @@ fn config_flag_wins_over_the_environment_variable() {
 
 #[test]
 fn config_defaults_to_config_switchyard_toml() {
-    let out = run(switchyard()
-        .arg("check")
-        .current_dir(env!("CARGO_MANIFEST_DIR")));
+    let out = run(switchyard().arg("check").current_dir(root()));
     let text = stdout(&out);
     assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr(&out));
     assert!(

@@ -9,20 +9,19 @@
 //! in the file; and every command line in the files uses subcommands and
 //! flags the real binary's `--help` lists. No broker needed.
 
+mod support;
+
 use serde_norway::Value;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use support::repo::root;
 use switchyard::config::{Settings, load_str};
 
 const BIN: &str = env!("CARGO_BIN_EXE_switchyard");
 /// The variable that gives the HTTP ingress its bearer tokens.
 const TOKENS_VAR: &str = "SWITCHYARD__INGRESS__HTTP__TOKENS";
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 fn docker() -> PathBuf {
     root().join("docker")

@@ -13,6 +13,7 @@ use regex::Regex;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use support::harness::clean_command;
+use support::repo::root;
 use switchyard::config::load_str;
 
 const CONFIGURATION: &str = "docs/configuration.md";
@@ -31,10 +32,6 @@ const MARKDOWN: &[&str] = &[
     "bench/README.md",
     "BENCHMARKS.md",
 ];
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 fn read(path: impl AsRef<Path>) -> String {
     let path = root().join(path);

@@ -8,7 +8,8 @@
 //! client (`raw`) for messages a client library cannot be trusted to decode,
 //! CPU and memory readings from `/proc` (`procfs`) for measurements, a
 //! vhost and user of a test's own (`vhost::TestVhost`) for permission
-//! changes, and copies counted by body or id (`tally`).
+//! changes, copies counted by body or id (`tally`), and the crate root
+//! (`repo::root`).
 //!
 //! Every test names all of its queues, exchanges and connections with a
 //! `unique_prefix`, so tests can run in parallel and repeatedly against the
@@ -28,6 +29,7 @@ pub mod procfs;
 pub mod proxy;
 pub mod rabbitmqctl;
 pub mod raw;
+pub mod repo;
 pub mod sessions;
 pub mod vhost;
 
