@@ -271,9 +271,95 @@ fn default_branch_name_is_filter_arrow_endpoint() {
     );
 }
 
+/// Asserts that each configuration fails to load with exactly its one-line error.
+fn each_fails_with_its_exact_error(cases: Vec<(String, &str)>) {
+    for (toml, expected) in cases {
+        assert_eq!(error_of(&toml), expected);
+    }
+}
+
 #[test]
-fn invalid_configurations_fail_with_their_exact_error() {
-    let cases: Vec<(String, &str)> = vec![
+fn a_broker_is_one_amqp_uri_or_a_clusters_uris_sharing_user_and_vhost() {
+    each_fails_with_its_exact_error(vec![
+        (
+            BASE.replace(
+                "amqp://guest:secret@127.0.0.1:5672/%2f",
+                "http://guest:secret@127.0.0.1/",
+            ),
+            "test.toml: brokers.main.uri: must start with amqp:// or amqps://",
+        ),
+        (
+            BASE.replace(
+                "uri = \"amqp://guest:secret@127.0.0.1:5672/%2f\"",
+                "uri = \"amqp://guest:secret@127.0.0.1:5672/%2f\"\nuris = [\"amqp://guest:secret@h2/%2f\"]",
+            ),
+            "test.toml: brokers.main.uris: give either uri (one node) or uris (a cluster's nodes), not both",
+        ),
+        (
+            BASE.replace("uri = \"amqp://guest:secret@127.0.0.1:5672/%2f\"", ""),
+            "test.toml: brokers.main.uri: missing; give uri (one node) or uris (a cluster's nodes, preferred first)",
+        ),
+        (
+            BASE.replace("uri = \"amqp://guest:secret@127.0.0.1:5672/%2f\"", "uris = []"),
+            "test.toml: brokers.main.uris: is empty; list the cluster's nodes, preferred first",
+        ),
+        (
+            BASE.replace(
+                "uri = \"amqp://guest:secret@127.0.0.1:5672/%2f\"",
+                "uris = [\"amqp://guest:secret@h1/prod\", \"amqp://guest:secret@h2/test\"]",
+            ),
+            "test.toml: brokers.main.uris[1]: vhost \"test\" differs from uris[0]'s \"prod\"; the nodes of one broker share vhost, list another cluster as another broker",
+        ),
+        (
+            BASE.replace(
+                "uri = \"amqp://guest:secret@127.0.0.1:5672/%2f\"",
+                "uris = [\"amqp://guest:secret@h1/prod\", \"amqp://other:secret@h2/prod\"]",
+            ),
+            "test.toml: brokers.main.uris[1]: user \"other\" differs from uris[0]'s \"guest\"; the nodes of one broker share user, list another cluster as another broker",
+        ),
+        (
+            BASE.replace(
+                "uri = \"amqp://guest:secret@127.0.0.1:5672/%2f\"",
+                "uris = [\"amqp://guest:secret@h1/prod\", \"http://h2\"]",
+            ),
+            "test.toml: brokers.main.uris[1]: must start with amqp:// or amqps://",
+        ),
+    ]);
+}
+
+#[test]
+fn tls_keys_need_an_amqps_uri_readable_files_and_a_certificate_with_its_key() {
+    each_fails_with_its_exact_error(vec![
+        (
+            BASE.replace("%2f\"", "%2f\"\nca_file = \"ca.pem\""),
+            "test.toml: brokers.main.ca_file: applies only to an amqps:// uri; use amqps:// or remove it",
+        ),
+        (
+            BASE.replace("%2f\"", "%2f\"\nclient_key_file = \"client.key\""),
+            "test.toml: brokers.main.client_key_file: applies only to an amqps:// uri; use amqps:// or remove it",
+        ),
+        (
+            tls_broker("ca_file = \"missing-ca.pem\""),
+            "test.toml: brokers.main.ca_file: cannot read \"missing-ca.pem\": No such file or directory (os error 2)",
+        ),
+        (
+            tls_broker("client_cert_file = \"client.pem\""),
+            "test.toml: brokers.main.client_key_file: missing: client_cert_file needs its private key; set both or neither",
+        ),
+        (
+            tls_broker("client_key_file = \"client.key\""),
+            "test.toml: brokers.main.client_cert_file: missing: client_key_file needs its certificate; set both or neither",
+        ),
+        (
+            tls_broker("client_cert_file = \"none.pem\"\nclient_key_file = \"none.key\""),
+            "test.toml: brokers.main.client_cert_file: cannot read \"none.pem\": No such file or directory (os error 2)",
+        ),
+    ]);
+}
+
+#[test]
+fn the_inbound_queue_is_named_on_a_known_broker_with_limits_in_range() {
+    each_fails_with_its_exact_error(vec![
         (
             BASE.replace("broker = \"main\"\nqueue", "broker = \"other\"\nqueue"),
             "test.toml: inbound.broker: unknown broker \"other\" (defined: main)",
@@ -294,16 +380,58 @@ fn invalid_configurations_fail_with_their_exact_error() {
             "test.toml: inbound.prefetch: must be between 1 and 65535",
         ),
         (
+            BASE.replace(
+                "queue = \"work.in\"",
+                "queue = \"work.in\"\nqueue_type = \"stream\"",
+            ),
+            "test.toml: inbound.queue_type: unknown queue type \"stream\" (expected \"classic\" or \"quorum\")",
+        ),
+        (
+            BASE.replace(
+                "queue = \"work.in\"",
+                "queue = \"work.in\"\nmax_redeliveries = 0",
+            ),
+            "test.toml: inbound.max_redeliveries: must be at least 1",
+        ),
+        (
+            BASE.replace("queue = \"work.in\"", "queue = \"work.in\"\nmax_hops = 0"),
+            "test.toml: inbound.max_hops: must be at least 1",
+        ),
+        (
+            BASE.replace(
+                "queue = \"work.in\"",
+                "queue = \"work.in\"\ndead_letter_by_policy = true",
+            )
+            .replace("[dead_letter]", "[dead_letter]\nmode = \"republish\""),
+            "test.toml: inbound.dead_letter_by_policy: applies only to dead_letter.mode = \"nack\"; remove it",
+        ),
+    ]);
+}
+
+#[test]
+fn dead_letter_mode_and_queue_type_are_known_and_a_queue_type_needs_a_queue() {
+    each_fails_with_its_exact_error(vec![
+        (
             BASE.replace("[dead_letter]", "[dead_letter]\nmode = \"drop\""),
             "test.toml: dead_letter.mode: unknown mode \"drop\" (expected \"nack\" or \"republish\")",
         ),
         (
             BASE.replace(
-                "amqp://guest:secret@127.0.0.1:5672/%2f",
-                "http://guest:secret@127.0.0.1/",
+                "queue = \"work.dlq\"",
+                "queue = \"work.dlq\"\nqueue_type = \"Quorum\"",
             ),
-            "test.toml: brokers.main.uri: must start with amqp:// or amqps://",
+            "test.toml: dead_letter.queue_type: unknown queue type \"Quorum\" (expected \"classic\" or \"quorum\")",
         ),
+        (
+            BASE.replace("queue = \"work.dlq\"", "queue_type = \"quorum\""),
+            "test.toml: dead_letter.queue_type: applies only with dead_letter.queue; set dead_letter.queue or remove it",
+        ),
+    ]);
+}
+
+#[test]
+fn an_endpoint_is_on_a_known_broker_names_its_destination_and_has_timers_above_zero() {
+    each_fails_with_its_exact_error(vec![
         (
             BASE.replace(
                 "broker = \"main\"\nrouting_key = \"service.backup\"",
@@ -322,6 +450,70 @@ fn invalid_configurations_fail_with_their_exact_error() {
             BASE.replace("routing_key = \"service.primary\"", ""),
             "test.toml: endpoints.primary.routing_key: must name the destination queue when exchange is the default exchange (\"\")",
         ),
+        (
+            BASE.replace(
+                "routing_key = \"service.primary\"",
+                "routing_key = \"service.primary\"\ndeclare_queue = \"service.primary\"\ndeclare_queue_type = \"lazy\"",
+            ),
+            "test.toml: endpoints.primary.declare_queue_type: unknown queue type \"lazy\" (expected \"classic\" or \"quorum\")",
+        ),
+        (
+            BASE.replace(
+                "routing_key = \"service.primary\"",
+                "routing_key = \"service.primary\"\ndeclare_queue_type = \"quorum\"",
+            ),
+            "test.toml: endpoints.primary.declare_queue_type: applies only with declare_queue; set declare_queue or remove it",
+        ),
+        (
+            BASE.replace(
+                "routing_key = \"service.primary\"",
+                "routing_key = \"service.primary\"\nprobe_interval_ms = 0",
+            ),
+            "test.toml: endpoints.primary.probe_interval_ms: must be greater than 0",
+        ),
+    ]);
+}
+
+#[test]
+fn nothing_is_routed_back_into_the_inbound_queue() {
+    each_fails_with_its_exact_error(vec![
+        (
+            BASE.replace(
+                "routing_key = \"service.backup\"",
+                "routing_key = \"work.in\"",
+            ),
+            "test.toml: endpoints.backup.routing_key: publishing to \"work.in\" through the default exchange of broker \"main\", the inbound's broker, would route every copy back into the inbound queue (a forwarding loop); name another queue",
+        ),
+        (
+            with(
+                "[brokers.alias]\nuri = \"amqp://other:pw@localhost/%2F\"\n[endpoints.again]\nbroker = \"alias\"\nrouting_key = \"work.in\"",
+            ),
+            "test.toml: endpoints.again.routing_key: publishing to \"work.in\" through the default exchange of broker \"alias\", which has the host, port and vhost of the inbound's broker \"main\", would route every copy back into the inbound queue (a forwarding loop); name another queue",
+        ),
+        (
+            BASE.replace(
+                "routing_key = \"service.backup\"",
+                "exchange = \"amq.direct\"\nrouting_key = \"work\"\ndeclare_queue = \"work.in\"",
+            ),
+            "test.toml: endpoints.backup.declare_queue: \"work.in\" is the inbound queue on broker \"main\", the inbound's broker: this endpoint would route every copy back into the inbound queue (a forwarding loop); name another queue",
+        ),
+        (
+            BASE.replace(
+                "exchange = \"work.dlx\"\nrouting_key = \"work.dlq\"\nqueue = \"work.dlq\"",
+                "exchange = \"\"\nrouting_key = \"work.in\"",
+            ),
+            "test.toml: dead_letter.routing_key: publishing dead letters to \"work.in\" through the default exchange would route every dead letter back into the inbound queue (a dead-letter loop); name the dead-letter queue",
+        ),
+        (
+            BASE.replace("queue = \"work.dlq\"", "queue = \"work.in\""),
+            "test.toml: dead_letter.queue: \"work.in\" is the inbound queue: binding it to dead_letter.exchange would route every dead letter back into the inbound queue (a dead-letter loop); name another queue",
+        ),
+    ]);
+}
+
+#[test]
+fn backup_lists_and_branches_name_what_exists_once_with_known_strategy_and_outage() {
+    each_fails_with_its_exact_error(vec![
         (
             BASE.replace("backups = [\"backup\"]", "backups = []"),
             "test.toml: backup_lists.backups: is empty; list at least one endpoint or remove it",
@@ -367,6 +559,33 @@ fn invalid_configurations_fail_with_their_exact_error() {
                 .to_owned(),
             "test.toml: filter_table: has no entries; add at least one [[filter_table]]",
         ),
+        (
+            BASE.replace(
+                "backup_list = \"backups\"",
+                "backup_list = \"backups\"\noutage = \"hold\"",
+            ),
+            "test.toml: filter_table[0].outage: unknown outage \"hold\" (expected \"dead_letter\" or \"wait\")",
+        ),
+        (
+            BASE.replace(
+                "backup_list = \"backups\"",
+                "backup_list = \"backups\"\noutage_timeout_ms = 5000",
+            ),
+            "test.toml: filter_table[0].outage_timeout_ms: applies only with outage = \"dead_letter\" (\"wait\" holds for as long as the outage lasts)",
+        ),
+        (
+            BASE.replace(
+                "backup_list = \"backups\"",
+                "backup_list = \"backups\"\noutage = \"dead_letter\"\noutage_timeout_ms = 0",
+            ),
+            "test.toml: filter_table[0].outage_timeout_ms: must be at least 1; omit it to dead-letter at once",
+        ),
+    ]);
+}
+
+#[test]
+fn a_filter_has_a_known_type_its_own_keys_one_test_and_no_cycle() {
+    each_fails_with_its_exact_error(vec![
         (
             with("[filters.bad]\ntype = \"fuzzy\""),
             "test.toml: filters.bad.type: unknown filter type \"fuzzy\" (expected match_all, header, property, routing_key, json, xpath, and, or, not)",
@@ -419,6 +638,12 @@ fn invalid_configurations_fail_with_their_exact_error() {
             ),
             "test.toml: filters.a: filters refer to each other in a cycle: a -> b -> a",
         ),
+    ]);
+}
+
+#[test]
+fn a_json_filter_needs_an_rfc_6901_pointer_and_one_test() {
+    each_fails_with_its_exact_error(vec![
         (
             with("[filters.j]\ntype = \"json\"\nequals = 1"),
             "test.toml: filters.j.pointer: is required",
@@ -447,6 +672,12 @@ fn invalid_configurations_fail_with_their_exact_error() {
             with("[filters.j]\ntype = \"json\"\npointer = \"/a\"\nheader = \"h\"\nexists = true"),
             "test.toml: filters.j.header: does not apply to a \"json\" filter (valid keys: type, pointer, equals, exists, regex, in)",
         ),
+    ]);
+}
+
+#[test]
+fn an_xpath_filter_needs_a_parsing_expression_with_its_prefixes_declared() {
+    each_fails_with_its_exact_error(vec![
         (
             with("[filters.x]\ntype = \"xpath\""),
             "test.toml: filters.x.expression: is required",
@@ -468,7 +699,9 @@ fn invalid_configurations_fail_with_their_exact_error() {
             "test.toml: filters.x.expression: invalid XPath 1.0 expression: calls \"nosuch()\", which is not an XPath 1.0 function available here",
         ),
         (
-            with("[filters.x]\ntype = \"xpath\"\nexpression = \"/o:a\"\nnamespaces = { \"o:x\" = \"urn:o\" }"),
+            with(
+                "[filters.x]\ntype = \"xpath\"\nexpression = \"/o:a\"\nnamespaces = { \"o:x\" = \"urn:o\" }",
+            ),
             "test.toml: filters.x.namespaces.o:x: is not a namespace prefix (a name without \":\", starting with a letter or \"_\")",
         ),
         (
@@ -479,6 +712,12 @@ fn invalid_configurations_fail_with_their_exact_error() {
             with("[filters.x]\ntype = \"xpath\"\nexpression = \"/a\"\npointer = \"/a\""),
             "test.toml: filters.x.pointer: does not apply to a \"xpath\" filter (valid keys: type, expression, namespaces)",
         ),
+    ]);
+}
+
+#[test]
+fn sessions_leave_room_in_the_prefetch_time_out_and_use_two_headers() {
+    each_fails_with_its_exact_error(vec![
         (
             with("[sessions]\nenabled = true\nmax_open = 20"),
             "test.toml: sessions.max_open: max_open (20) x max_messages (50) = 1000 must stay below \
@@ -493,164 +732,15 @@ fn invalid_configurations_fail_with_their_exact_error() {
             with("[sessions]\nenabled = true\nend_header = \"session-id\""),
             "test.toml: sessions.end_header: is the same header as sessions.id_header; use two headers",
         ),
-        (
-            BASE.replace("queue = \"work.in\"", "queue = \"work.in\"\nqueue_type = \"stream\""),
-            "test.toml: inbound.queue_type: unknown queue type \"stream\" (expected \"classic\" or \"quorum\")",
-        ),
-        (
-            BASE.replace("queue = \"work.in\"", "queue = \"work.in\"\nmax_redeliveries = 0"),
-            "test.toml: inbound.max_redeliveries: must be at least 1",
-        ),
-        (
-            BASE.replace("queue = \"work.in\"", "queue = \"work.in\"\nmax_hops = 0"),
-            "test.toml: inbound.max_hops: must be at least 1",
-        ),
-        (
-            BASE.replace("queue = \"work.in\"", "queue = \"work.in\"\ndead_letter_by_policy = true")
-                .replace("[dead_letter]", "[dead_letter]\nmode = \"republish\""),
-            "test.toml: inbound.dead_letter_by_policy: applies only to dead_letter.mode = \"nack\"; remove it",
-        ),
-        (
-            BASE.replace("queue = \"work.dlq\"", "queue = \"work.dlq\"\nqueue_type = \"Quorum\""),
-            "test.toml: dead_letter.queue_type: unknown queue type \"Quorum\" (expected \"classic\" or \"quorum\")",
-        ),
-        (
-            BASE.replace("queue = \"work.dlq\"", "queue_type = \"quorum\""),
-            "test.toml: dead_letter.queue_type: applies only with dead_letter.queue; set dead_letter.queue or remove it",
-        ),
-        (
-            BASE.replace(
-                "routing_key = \"service.primary\"",
-                "routing_key = \"service.primary\"\ndeclare_queue = \"service.primary\"\ndeclare_queue_type = \"lazy\"",
-            ),
-            "test.toml: endpoints.primary.declare_queue_type: unknown queue type \"lazy\" (expected \"classic\" or \"quorum\")",
-        ),
-        (
-            BASE.replace(
-                "routing_key = \"service.primary\"",
-                "routing_key = \"service.primary\"\ndeclare_queue_type = \"quorum\"",
-            ),
-            "test.toml: endpoints.primary.declare_queue_type: applies only with declare_queue; set declare_queue or remove it",
-        ),
-        (
-            BASE.replace(
-                "routing_key = \"service.primary\"",
-                "routing_key = \"service.primary\"\nprobe_interval_ms = 0",
-            ),
-            "test.toml: endpoints.primary.probe_interval_ms: must be greater than 0",
-        ),
-        (
-            BASE.replace(
-                "backup_list = \"backups\"",
-                "backup_list = \"backups\"\noutage = \"hold\"",
-            ),
-            "test.toml: filter_table[0].outage: unknown outage \"hold\" (expected \"dead_letter\" or \"wait\")",
-        ),
-        (
-            BASE.replace(
-                "uri = \"amqp://guest:secret@127.0.0.1:5672/%2f\"",
-                "uri = \"amqp://guest:secret@127.0.0.1:5672/%2f\"\nuris = [\"amqp://guest:secret@h2/%2f\"]",
-            ),
-            "test.toml: brokers.main.uris: give either uri (one node) or uris (a cluster's nodes), not both",
-        ),
-        (
-            BASE.replace("uri = \"amqp://guest:secret@127.0.0.1:5672/%2f\"", ""),
-            "test.toml: brokers.main.uri: missing; give uri (one node) or uris (a cluster's nodes, preferred first)",
-        ),
-        (
-            BASE.replace("uri = \"amqp://guest:secret@127.0.0.1:5672/%2f\"", "uris = []"),
-            "test.toml: brokers.main.uris: is empty; list the cluster's nodes, preferred first",
-        ),
-        (
-            BASE.replace(
-                "uri = \"amqp://guest:secret@127.0.0.1:5672/%2f\"",
-                "uris = [\"amqp://guest:secret@h1/prod\", \"amqp://guest:secret@h2/test\"]",
-            ),
-            "test.toml: brokers.main.uris[1]: vhost \"test\" differs from uris[0]'s \"prod\"; the nodes of one broker share vhost, list another cluster as another broker",
-        ),
-        (
-            BASE.replace(
-                "uri = \"amqp://guest:secret@127.0.0.1:5672/%2f\"",
-                "uris = [\"amqp://guest:secret@h1/prod\", \"amqp://other:secret@h2/prod\"]",
-            ),
-            "test.toml: brokers.main.uris[1]: user \"other\" differs from uris[0]'s \"guest\"; the nodes of one broker share user, list another cluster as another broker",
-        ),
-        (
-            BASE.replace(
-                "uri = \"amqp://guest:secret@127.0.0.1:5672/%2f\"",
-                "uris = [\"amqp://guest:secret@h1/prod\", \"http://h2\"]",
-            ),
-            "test.toml: brokers.main.uris[1]: must start with amqp:// or amqps://",
-        ),
-        (
-            BASE.replace(
-                "backup_list = \"backups\"",
-                "backup_list = \"backups\"\noutage_timeout_ms = 5000",
-            ),
-            "test.toml: filter_table[0].outage_timeout_ms: applies only with outage = \"dead_letter\" (\"wait\" holds for as long as the outage lasts)",
-        ),
-        (
-            BASE.replace(
-                "backup_list = \"backups\"",
-                "backup_list = \"backups\"\noutage = \"dead_letter\"\noutage_timeout_ms = 0",
-            ),
-            "test.toml: filter_table[0].outage_timeout_ms: must be at least 1; omit it to dead-letter at once",
-        ),
-        (
-            BASE.replace("routing_key = \"service.backup\"", "routing_key = \"work.in\""),
-            "test.toml: endpoints.backup.routing_key: publishing to \"work.in\" through the default exchange of broker \"main\", the inbound's broker, would route every copy back into the inbound queue (a forwarding loop); name another queue",
-        ),
-        (
-            with("[brokers.alias]\nuri = \"amqp://other:pw@localhost/%2F\"\n[endpoints.again]\nbroker = \"alias\"\nrouting_key = \"work.in\""),
-            "test.toml: endpoints.again.routing_key: publishing to \"work.in\" through the default exchange of broker \"alias\", which has the host, port and vhost of the inbound's broker \"main\", would route every copy back into the inbound queue (a forwarding loop); name another queue",
-        ),
-        (
-            BASE.replace(
-                "routing_key = \"service.backup\"",
-                "exchange = \"amq.direct\"\nrouting_key = \"work\"\ndeclare_queue = \"work.in\"",
-            ),
-            "test.toml: endpoints.backup.declare_queue: \"work.in\" is the inbound queue on broker \"main\", the inbound's broker: this endpoint would route every copy back into the inbound queue (a forwarding loop); name another queue",
-        ),
-        (
-            BASE.replace("exchange = \"work.dlx\"\nrouting_key = \"work.dlq\"\nqueue = \"work.dlq\"", "exchange = \"\"\nrouting_key = \"work.in\""),
-            "test.toml: dead_letter.routing_key: publishing dead letters to \"work.in\" through the default exchange would route every dead letter back into the inbound queue (a dead-letter loop); name the dead-letter queue",
-        ),
-        (
-            BASE.replace("queue = \"work.dlq\"", "queue = \"work.in\""),
-            "test.toml: dead_letter.queue: \"work.in\" is the inbound queue: binding it to dead_letter.exchange would route every dead letter back into the inbound queue (a dead-letter loop); name another queue",
-        ),
-        (
-            with("[admin]\nlisten = \"localhost\""),
-            "test.toml: admin.listen: \"localhost\" is not a host:port address (or a port, for loopback)",
-        ),
-        (
-            BASE.replace("%2f\"", "%2f\"\nca_file = \"ca.pem\""),
-            "test.toml: brokers.main.ca_file: applies only to an amqps:// uri; use amqps:// or remove it",
-        ),
-        (
-            BASE.replace("%2f\"", "%2f\"\nclient_key_file = \"client.key\""),
-            "test.toml: brokers.main.client_key_file: applies only to an amqps:// uri; use amqps:// or remove it",
-        ),
-        (
-            tls_broker("ca_file = \"missing-ca.pem\""),
-            "test.toml: brokers.main.ca_file: cannot read \"missing-ca.pem\": No such file or directory (os error 2)",
-        ),
-        (
-            tls_broker("client_cert_file = \"client.pem\""),
-            "test.toml: brokers.main.client_key_file: missing: client_cert_file needs its private key; set both or neither",
-        ),
-        (
-            tls_broker("client_key_file = \"client.key\""),
-            "test.toml: brokers.main.client_cert_file: missing: client_key_file needs its certificate; set both or neither",
-        ),
-        (
-            tls_broker("client_cert_file = \"none.pem\"\nclient_key_file = \"none.key\""),
-            "test.toml: brokers.main.client_cert_file: cannot read \"none.pem\": No such file or directory (os error 2)",
-        ),
-    ];
-    for (toml, expected) in cases {
-        assert_eq!(error_of(&toml), expected);
-    }
+    ]);
+}
+
+#[test]
+fn the_admin_address_is_host_and_port() {
+    each_fails_with_its_exact_error(vec![(
+        with("[admin]\nlisten = \"localhost\""),
+        "test.toml: admin.listen: \"localhost\" is not a host:port address (or a port, for loopback)",
+    )]);
 }
 
 /// [`BASE`] with an `amqps://` broker and `keys` in its table.
