@@ -16,7 +16,7 @@ use support::harness::{
 use support::node::PrivateNode;
 use support::{
     DEFAULT_TIMEOUT, FaultProxy, TestBroker, amqp_addr, delete_all_with_prefix, ready_unacked,
-    tally_queues, unique_prefix, wait_until,
+    ready_unacked_in, tally_queues, unique_prefix, wait_until,
 };
 
 const STREAM: u32 = 3000;
@@ -102,6 +102,28 @@ async fn open_confirm_channel(url: &str) -> Option<(lapin::Connection, lapin::Ch
     Some((connection, channel))
 }
 
+/// New copies on the service branch that show messages flow through the
+/// forwarder, before each restart of [`restarted_twice`].
+const FLOWING: u64 = 100;
+
+/// Copies the service branch holds on `node`, primary and backup.
+async fn service_copies(node: &PrivateNode, p: &str) -> u64 {
+    let out = node
+        .rabbitmqctl(&[
+            "list_queues",
+            "--silent",
+            "name",
+            "messages_ready",
+            "messages_unacknowledged",
+        ])
+        .await;
+    [format!("{p}.service"), format!("{p}.service.backup")]
+        .iter()
+        .filter_map(|queue| ready_unacked_in(&out, queue))
+        .map(|(ready, _)| ready)
+        .sum()
+}
+
 /// The seed scenario on a private node restarted twice (5 s down each)
 /// while a stream of messages flows: every message reaches both branches,
 /// none is dead-lettered.
@@ -123,9 +145,18 @@ async fn restarted_twice(mode: &str) {
     admin.close().await;
     let publisher = tokio::spawn(stream(node.amqp_url(), inbound.clone(), STREAM));
     for _ in 0..2 {
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        // Restart while messages flow, however long the forwarder took to
+        // reconnect after the previous restart.
+        let before = service_copies(&node, &p).await;
+        wait_until(
+            "messages flow to the service branch",
+            DEFAULT_TIMEOUT,
+            || async { service_copies(&node, &p).await >= before + FLOWING },
+        )
+        .await;
         node.stop_app().await;
-        // The outage itself: how long the broker stays down.
+        // The outage itself, not a wait for a condition: how long the broker
+        // stays down.
         tokio::time::sleep(Duration::from_secs(5)).await;
         node.start_app().await;
     }
@@ -230,6 +261,8 @@ async fn a_broker_that_stops_confirming_holds_the_messages_then_delivers_them() 
             .is_some_and(|(r, u)| r + u >= 20)
     })
     .await;
+    // "Held, not dead-lettered" is the absence of an event, so it is
+    // watched for a while rather than awaited.
     let watched = tokio::time::Instant::now();
     while watched.elapsed() < Duration::from_secs(3) {
         assert_eq!(
