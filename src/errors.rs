@@ -1,6 +1,8 @@
 //! Errors as one line: an error and the causes under it (its `source`
 //! chain), each said once. Errors here keep their cause typed at every
 //! module boundary, so code classifies by type, and people read this line.
+//! A text from elsewhere (a parser's message, a broker's reply) is folded
+//! onto one line the same way everywhere, by [`one_line_text`].
 
 use std::error::Error;
 
@@ -21,9 +23,15 @@ pub fn one_line(error: &(dyn Error + 'static)) -> String {
     line
 }
 
+/// `text` on one line: every run of whitespace, line breaks included, as
+/// one space, and none at either end.
+pub fn one_line_text(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
 #[cfg(test)]
 mod tests {
-    use super::one_line;
+    use super::{one_line, one_line_text};
 
     #[derive(Debug, thiserror::Error)]
     #[error("cannot start")]
@@ -47,5 +55,15 @@ mod tests {
             one_line(&Middle(Bottom)),
             "cannot open a channel: 403 ACCESS_REFUSED"
         );
+    }
+
+    #[test]
+    fn a_text_folds_onto_one_line() {
+        assert_eq!(
+            one_line_text("  expected `,`\n  at line 3,\tcolumn 7 \r\n"),
+            "expected `,` at line 3, column 7"
+        );
+        assert_eq!(one_line_text("already one line"), "already one line");
+        assert_eq!(one_line_text(" \n\t "), "");
     }
 }

@@ -3,8 +3,9 @@
 
 use super::error::{ConfigError, InvalidKey};
 use super::raw::RawConfig;
-use super::unknown::{describe, one_line, unknown_key};
+use super::unknown::{describe, unknown_key};
 use super::{Settings, compile};
+use crate::errors::one_line_text;
 use crate::uri::redact_uri;
 use config::{File, FileFormat, Value};
 use std::path::{Path, PathBuf};
@@ -149,7 +150,7 @@ where
 /// cannot set and why.
 fn misfit(o: &Override, e: &config::ConfigError) -> String {
     let text = unknown_key(e)
-        .unwrap_or_else(|| format!("cannot set {}: {}", o.key, one_line(&e.to_string())));
+        .unwrap_or_else(|| format!("cannot set {}: {}", o.key, one_line_text(&e.to_string())));
     // A URI's password must not come back through the parser's message.
     text.replace(&o.value, &redact_uri(&o.value))
 }

@@ -5,6 +5,7 @@
 //! key itself only inside serde's message, which [`UnknownKey::read`] (and
 //! nothing else) reads.
 
+use crate::errors::one_line_text;
 use config::ConfigError;
 
 /// A key a table does not take, and the keys it does.
@@ -63,7 +64,7 @@ impl UnknownKey {
 /// A configuration crate error as one line: an unknown key as
 /// [`unknown_key`] says it, anything else in the crate's words.
 pub(super) fn describe(error: &ConfigError) -> String {
-    unknown_key(error).unwrap_or_else(|| one_line(&error.to_string()))
+    unknown_key(error).unwrap_or_else(|| one_line_text(&error.to_string()))
 }
 
 /// The error, if it is an unknown key, as its full path and
@@ -89,10 +90,6 @@ fn path(table: Option<&str>, key: &str) -> String {
         Some(table) if !table.is_empty() => format!("{table}.{key}"),
         _ => key.to_owned(),
     }
-}
-
-pub(super) fn one_line(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// The valid key closest to `key`, if it is close enough to be the one

@@ -19,6 +19,7 @@ use crate::broker::{Mode, Publish, PublishFailure, Receipt};
 use crate::destination::DeadLetterMode;
 use crate::destination::Endpoint;
 use crate::envelope::{Envelope, MAX_HEADER_DEPTH, value_depth};
+use crate::errors::one_line_text;
 use crate::telemetry::Telemetry;
 use crate::wire;
 use std::sync::Arc;
@@ -112,7 +113,7 @@ impl Settler {
                 } => {
                     let letter = Letter {
                         reason: cause.reason(),
-                        error: one_line(&cause.to_string()),
+                        error: one_line_text(&cause.to_string()),
                         failed,
                         refused_by,
                         delivered,
@@ -332,10 +333,6 @@ pub fn without_deep_headers(envelope: &Envelope) -> Envelope {
         copy.properties = copy.properties.with_headers(kept);
     }
     copy
-}
-
-fn one_line(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 #[cfg(test)]

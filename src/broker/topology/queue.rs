@@ -7,6 +7,7 @@ use super::operation::{Op, TopologyError, declare_queue, message_count, passive_
 use crate::amqp::{AmqpValue, FieldTable};
 use crate::broker::connector::Connector;
 use crate::destination::QueueType;
+use crate::errors::one_line_text;
 
 /// Most arguments of an existing queue that are read back and kept; the
 /// broker knows fewer declarable arguments than this.
@@ -372,7 +373,7 @@ async fn mismatch_error(
         wanted,
         advice(required, current),
         deletion(spec, messages),
-        one_line(text)
+        one_line_text(text)
     ))
 }
 
@@ -386,12 +387,8 @@ async fn refused(connector: &Connector, spec: &QueueSpec<'_>, text: &str) -> Top
         "{} exists with settings switchyard cannot match ({}){holds}: declare it durable, \
          non-exclusive and without auto-delete, or name another queue",
         spec.describe(),
-        one_line(text)
+        one_line_text(text)
     ))
-}
-
-fn one_line(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 fn table_of(arguments: &[(String, AmqpValue)]) -> FieldTable {
