@@ -26,6 +26,7 @@
 
 use super::closing::close_connection;
 use super::error::{BrokerError, Fault};
+use super::tls::TlsFailure;
 use crate::backoff::Backoff;
 use crate::config::BrokerSpec;
 use crate::telemetry::Telemetry;
@@ -56,34 +57,42 @@ pub const DRAIN: Duration = Duration::from_secs(30);
 /// seconds; this leaves room for a loaded cluster.
 pub const SETTLING: Duration = Duration::from_secs(30);
 
-/// Why no channel could be had from a broker. Every variant is transient:
-/// the caller fails over (or, for the consumer, retries later).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// Why no channel could be had from a broker.
+///
+/// [`Self::Refused`] is not transient: the broker refuses the credentials
+/// or the vhost, and only a change of the configuration (or of the broker)
+/// helps. It is tried again at the slowest pace, and ends the run at start
+/// with `--fail-fast`. Every other variant is transient: the caller fails
+/// over (or, for the consumer, retries later).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ConnectError {
     /// The broker refused the credentials or the vhost: retrying will not
     /// help until the configuration changes.
-    #[error("broker \"{broker}\" refused the connection: {reason}")]
+    #[error("broker \"{broker}\" refused the connection: {refusal}")]
     Refused {
         /// The broker's name.
         broker: String,
-        /// What the broker said and what to fix.
-        reason: String,
+        /// What the broker refused and what to fix.
+        #[source]
+        refusal: Arc<AccessRefusal>,
     },
     /// The connection attempt failed or timed out.
-    #[error("cannot connect to {uri}: {reason}")]
+    #[error("cannot connect to {uri}: {failure}")]
     Connect {
         /// The broker URI, password masked.
         uri: String,
         /// Why.
-        reason: String,
+        #[source]
+        failure: Arc<ConnectFailure>,
     },
     /// A recent attempt failed and the backoff has not run out yet.
-    #[error("broker \"{broker}\" unreachable, reconnecting: {last_error}")]
+    #[error("broker \"{broker}\" unreachable, reconnecting: {last}")]
     BackingOff {
         /// The broker's name.
         broker: String,
         /// Why the last attempt failed.
-        last_error: String,
+        #[source]
+        last: Arc<ConnectFailure>,
     },
     /// The connection is up but refused or dropped `channel.open`.
     #[error("cannot open a channel: {0}")]
@@ -98,8 +107,106 @@ impl ConnectError {
     /// name in front: a refusal's reason, or the error itself.
     pub fn reason(&self) -> String {
         match self {
-            Self::Refused { reason, .. } => reason.clone(),
+            Self::Refused { refusal, .. } => refusal.to_string(),
             other => other.to_string(),
+        }
+    }
+}
+
+/// Why an attempt to connect made no connection, the broker not having
+/// refused it.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ConnectFailure {
+    /// The AMQP client's error: nothing listens, the socket was reset, the
+    /// connection closed under `channel.open`...
+    #[error(transparent)]
+    Amqp(lapin::Error),
+    /// The TLS handshake failed.
+    #[error(transparent)]
+    Tls(TlsFailure),
+    /// No answer within the connect timeout.
+    #[error("no answer within {} s", .0.as_secs())]
+    Timeout(Duration),
+    /// The broker has no node to connect to.
+    #[error("no node configured")]
+    NoNode,
+}
+
+/// A broker's refusal of the credentials or the vhost, in words that say
+/// what to fix, with what the broker said.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AccessRefusal {
+    /// The user or the password is wrong.
+    #[error(
+        "authentication refused by broker {at}: check the user and password in {} (broker: {})",
+        .at.key(),
+        .said.text
+    )]
+    Credentials {
+        /// Which broker refused.
+        at: RefusedAt,
+        /// What it said.
+        said: BrokerError,
+    },
+    /// The vhost does not exist.
+    #[error(
+        "vhost refused by broker {at}: vhost \"{vhost}\" does not exist; create it \
+         (rabbitmqctl add_vhost) or fix the vhost in {} (broker: {})",
+        .at.key(),
+        .said.text
+    )]
+    NoVhost {
+        /// Which broker refused.
+        at: RefusedAt,
+        /// The vhost the URI names.
+        vhost: String,
+        /// What it said.
+        said: BrokerError,
+    },
+    /// The user may not use the vhost.
+    #[error(
+        "vhost refused by broker {at}: user \"{user}\" may not use vhost \"{vhost}\"; \
+         grant it permissions (rabbitmqctl set_permissions) or fix {} (broker: {})",
+        .at.key(),
+        .said.text
+    )]
+    Vhost {
+        /// Which broker refused.
+        at: RefusedAt,
+        /// The user the URI names.
+        user: String,
+        /// The vhost the URI names.
+        vhost: String,
+        /// What it said.
+        said: BrokerError,
+    },
+}
+
+/// The broker that refused a connection, and where its URIs are set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefusedAt {
+    /// The broker's name.
+    pub broker: String,
+    /// The node that refused, named only for a cluster's nodes (one node
+    /// is the broker).
+    pub node: Option<String>,
+    /// The key of its URIs: `uri` or `uris`.
+    pub uri_key: &'static str,
+}
+
+impl RefusedAt {
+    /// The setting that holds the credentials and the vhost.
+    fn key(&self) -> String {
+        format!("brokers.{}.{}", self.broker, self.uri_key)
+    }
+}
+
+impl std::fmt::Display for RefusedAt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.broker)?;
+        match &self.node {
+            Some(node) => write!(f, " (node {node})"),
+            None => Ok(()),
         }
     }
 }
@@ -172,11 +279,55 @@ struct State {
     lost: Option<usize>,
     /// Connect attempts failed in a row, and the wait before the next.
     backoff: Backoff,
-    retry_at: Option<Instant>,
-    last_error: String,
-    /// The last attempt was refused (credentials, vhost): until the next
-    /// one, callers are told so rather than "unreachable".
-    refused: bool,
+    /// The last attempt failed: until the backoff runs out, callers are
+    /// told how, without a new attempt.
+    waiting: Option<Waiting>,
+}
+
+/// A failed attempt and the end of the backoff after it.
+struct Waiting {
+    until: Instant,
+    after: AttemptFailure,
+}
+
+/// Why one attempt to connect to a node failed.
+#[derive(Debug)]
+enum AttemptFailure {
+    /// The broker refused the credentials or the vhost: callers are told
+    /// so, not "unreachable".
+    Refused(Arc<AccessRefusal>),
+    /// No connection, for another reason.
+    Failed(Arc<ConnectFailure>),
+}
+
+impl AttemptFailure {
+    /// As callers are told it: naming the broker, or the node's URI.
+    fn error(&self, spec: &BrokerSpec, node: usize) -> ConnectError {
+        match self {
+            Self::Refused(refusal) => ConnectError::Refused {
+                broker: spec.name.clone(),
+                refusal: refusal.clone(),
+            },
+            Self::Failed(failure) => ConnectError::Connect {
+                uri: spec.redacted_uri_of(node),
+                failure: failure.clone(),
+            },
+        }
+    }
+
+    /// As callers are told it while the backoff after it runs.
+    fn backing_off(&self, broker: &str) -> ConnectError {
+        match self {
+            Self::Refused(refusal) => ConnectError::Refused {
+                broker: broker.to_owned(),
+                refusal: refusal.clone(),
+            },
+            Self::Failed(failure) => ConnectError::BackingOff {
+                broker: broker.to_owned(),
+                last: failure.clone(),
+            },
+        }
+    }
 }
 
 impl Default for State {
@@ -186,9 +337,7 @@ impl Default for State {
             node: 0,
             lost: None,
             backoff: Backoff::new(BACKOFF_FIRST, BACKOFF_MAX),
-            retry_at: None,
-            last_error: String::new(),
-            refused: false,
+            waiting: None,
         }
     }
 }
@@ -234,7 +383,7 @@ impl Connector {
     /// Returns once the backoff after a failed connect has run out, so that
     /// the caller's next use makes a new attempt (at once when none failed).
     pub async fn next_attempt(&self) {
-        let retry_at = self.state.lock().await.retry_at;
+        let retry_at = self.state.lock().await.waiting.as_ref().map(|w| w.until);
         if let Some(at) = retry_at {
             tokio::time::sleep_until(at).await;
         }
@@ -315,7 +464,7 @@ impl Connector {
                 self.discard(&connection, &e.to_string()).await;
                 Err(ConnectError::Connect {
                     uri: self.spec.redacted_uri(),
-                    reason: e.to_string(),
+                    failure: Arc::new(ConnectFailure::Amqp(e)),
                 })
             }
             Some(Err(e)) => Err(ConnectError::Channel(BrokerError::from_lapin(&e))),
@@ -336,19 +485,10 @@ impl Connector {
             state.connection = None;
             state.lost = Some(state.node);
         }
-        if let Some(at) = state.retry_at
-            && Instant::now() < at
+        if let Some(waiting) = &state.waiting
+            && Instant::now() < waiting.until
         {
-            if state.refused {
-                return Err(ConnectError::Refused {
-                    broker: self.spec.name.clone(),
-                    reason: state.last_error.clone(),
-                });
-            }
-            return Err(ConnectError::BackingOff {
-                broker: self.spec.name.clone(),
-                last_error: state.last_error.clone(),
-            });
+            return Err(waiting.after.backing_off(&self.spec.name));
         }
         let order = preference(self.spec.nodes(), state.lost);
         let mut failed = None;
@@ -365,7 +505,7 @@ impl Connector {
                             &self.spec.name,
                             &self.spec.node_of(node),
                             &self.spec.redacted_uri_of(node),
-                            &error.reason(),
+                            &error.error(&self.spec, node).reason(),
                             &next,
                         );
                     }
@@ -376,32 +516,34 @@ impl Connector {
         let Some((node, error)) = failed else {
             return Err(ConnectError::BackingOff {
                 broker: self.spec.name.clone(),
-                last_error: "no node configured".to_owned(),
+                last: Arc::new(ConnectFailure::NoNode),
             });
         };
-        let refused = matches!(error, ConnectError::Refused { .. });
+        let refused = matches!(error, AttemptFailure::Refused(_));
         let delay = state.backoff.next_delay();
         // A refusal needs a configuration change: retried at the slowest pace.
         let delay = if refused { BACKOFF_MAX } else { delay };
-        state.retry_at = Some(Instant::now() + delay);
-        state.refused = refused;
         let broker = &self.spec.name;
-        let (node, uri) = (self.spec.node_of(node), self.spec.redacted_uri_of(node));
+        let (name, uri) = (self.spec.node_of(node), self.spec.redacted_uri_of(node));
         let retry_in = (!(refused && self.refusal_final.load(Ordering::Relaxed))).then_some(delay);
         match &error {
-            ConnectError::Refused { reason, .. } => {
-                state.last_error = reason.clone();
+            AttemptFailure::Refused(refusal) => {
+                let reason = refusal.to_string();
                 self.telemetry
-                    .broker_refused(broker, &node, &uri, reason, retry_in);
+                    .broker_refused(broker, &name, &uri, &reason, retry_in);
             }
-            ConnectError::Connect { reason, .. } => {
-                state.last_error = reason.clone();
+            AttemptFailure::Failed(failure) => {
+                let reason = failure.to_string();
                 self.telemetry
-                    .broker_unreachable(broker, &node, &uri, reason, delay);
+                    .broker_unreachable(broker, &name, &uri, &reason, delay);
             }
-            other => state.last_error = other.to_string(),
         }
-        Err(error)
+        let told = error.error(&self.spec, node);
+        state.waiting = Some(Waiting {
+            until: Instant::now() + delay,
+            after: error,
+        });
+        Err(told)
     }
 
     fn properties(&self) -> ConnectionProperties {
@@ -651,89 +793,189 @@ pub async fn connect_first(
     for node in 0..spec.nodes() {
         match connect_once(spec, node, properties.clone()).await {
             Ok(connection) => return Ok(connection),
-            Err(error) => last = Some(error),
+            Err(error) => last = Some(error.error(spec, node)),
         }
     }
     Err(last.unwrap_or_else(|| ConnectError::Connect {
         uri: spec.redacted_uri(),
-        reason: "no node configured".to_owned(),
+        failure: Arc::new(ConnectFailure::NoNode),
     }))
 }
 
 /// One connection attempt to node `node` of `spec`, bounded by
 /// [`CONNECT_TIMEOUT`]: a refusal of the credentials or the vhost says what
-/// to fix, a failed TLS handshake says so, anything else is a connect error
-/// naming the node's URI (password masked). Every connection of the crate
-/// is made here.
-pub async fn connect_once(
+/// to fix, a failed TLS handshake says so, anything else is the client's
+/// error. Every connection of the crate is made here.
+async fn connect_once(
     spec: &BrokerSpec,
     node: usize,
     properties: ConnectionProperties,
-) -> Result<Connection, ConnectError> {
+) -> Result<Connection, AttemptFailure> {
     let attempt = super::tls::connect(spec, node, properties);
-    let reason = match timeout(CONNECT_TIMEOUT, attempt).await {
+    let error = match timeout(CONNECT_TIMEOUT, attempt).await {
         Ok(Ok(connection)) => return Ok(connection),
-        Ok(Err(e)) if BrokerError::from_lapin(&e).fault() == Fault::Refused => {
-            return Err(ConnectError::Refused {
-                broker: spec.name.clone(),
-                reason: refusal(&e, spec, node),
-            });
+        Ok(Err(e)) => e,
+        Err(_) => {
+            let failure = ConnectFailure::Timeout(CONNECT_TIMEOUT);
+            return Err(AttemptFailure::Failed(Arc::new(failure)));
         }
-        Ok(Err(e)) => super::tls::failure(&e, spec).unwrap_or_else(|| e.to_string()),
-        Err(_) => format!("no answer within {} s", CONNECT_TIMEOUT.as_secs()),
     };
-    Err(ConnectError::Connect {
-        uri: spec.redacted_uri_of(node),
-        reason,
-    })
+    let said = BrokerError::from_lapin(&error);
+    if said.fault() == Fault::Refused {
+        return Err(AttemptFailure::Refused(Arc::new(refusal(said, spec, node))));
+    }
+    let failure = match super::tls::failure(&error, spec) {
+        Some(tls) => ConnectFailure::Tls(tls),
+        None => ConnectFailure::Amqp(error),
+    };
+    Err(AttemptFailure::Failed(Arc::new(failure)))
 }
 
-/// What a refused connection means, in words that say what to fix: the
-/// credentials, a vhost that does not exist, or a vhost the user may not use.
-fn refusal(error: &lapin::Error, spec: &BrokerSpec, node: usize) -> String {
-    let e = BrokerError::from_lapin(error);
-    let broker = &spec.name;
-    let key = spec.uri_key();
-    // Only a cluster's refusals name the node: one node is the broker.
-    let at = if spec.nodes() > 1 {
-        format!(" (node {})", spec.node_of(node))
-    } else {
-        String::new()
+/// What a refused connection means: the credentials, a vhost that does not
+/// exist, or a vhost the user may not use.
+fn refusal(said: BrokerError, spec: &BrokerSpec, node: usize) -> AccessRefusal {
+    let at = RefusedAt {
+        broker: spec.name.clone(),
+        node: (spec.nodes() > 1).then(|| spec.node_of(node)),
+        uri_key: spec.uri_key(),
     };
     let uri = lapin::uri::AMQPUri::from_str(spec.secret_uri_of(node)).ok();
-    let vhost = uri.as_ref().map_or("?", |u| u.vhost.as_str());
+    let vhost = uri.as_ref().map_or("?", |u| u.vhost.as_str()).to_owned();
     let user = uri
         .as_ref()
-        .map_or("?", |u| u.authority.userinfo.username.as_str());
-    if e.code == Some(super::error::code::ACCESS_REFUSED) {
-        return format!(
-            "authentication refused by broker {broker}{at}: check the user and password in \
-             brokers.{broker}.{key} (broker: {})",
-            e.text
-        );
+        .map_or("?", |u| u.authority.userinfo.username.as_str())
+        .to_owned();
+    if said.code == Some(super::error::code::ACCESS_REFUSED) {
+        return AccessRefusal::Credentials { at, said };
     }
-    if e.text.contains("not found") {
-        return format!(
-            "vhost refused by broker {broker}{at}: vhost \"{vhost}\" does not exist; create it \
-             (rabbitmqctl add_vhost) or fix the vhost in brokers.{broker}.{key} (broker: {})",
-            e.text
-        );
+    // Both vhost refusals are 530 NOT_ALLOWED; only the broker's words
+    // tell a missing vhost from a forbidden one.
+    if said.text.contains("not found") {
+        return AccessRefusal::NoVhost { at, vhost, said };
     }
-    format!(
-        "vhost refused by broker {broker}{at}: user \"{user}\" may not use vhost \"{vhost}\"; \
-         grant it permissions (rabbitmqctl set_permissions) or fix brokers.{broker}.{key} \
-         (broker: {})",
-        e.text
-    )
+    AccessRefusal::Vhost {
+        at,
+        user,
+        vhost,
+        said,
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{BACKOFF_MAX, ConnectError, Connector, Role, preference};
+    use super::{
+        AccessRefusal, BACKOFF_MAX, ConnectError, ConnectFailure, Connector, RefusedAt, Role,
+        preference,
+    };
+    use crate::broker::error::{BrokerError, Level};
     use crate::config::BrokerSpec;
+    use crate::errors::one_line;
     use crate::telemetry::Telemetry;
     use std::sync::Arc;
     use std::time::Duration;
+
+    fn at(node: Option<&str>) -> RefusedAt {
+        RefusedAt {
+            broker: "main".to_owned(),
+            node: node.map(str::to_owned),
+            uri_key: "uri",
+        }
+    }
+
+    fn said(code: u16, text: &str) -> BrokerError {
+        BrokerError {
+            code: Some(code),
+            level: Level::Connection,
+            text: text.to_owned(),
+        }
+    }
+
+    fn refused(refusal: AccessRefusal) -> ConnectError {
+        ConnectError::Refused {
+            broker: "main".to_owned(),
+            refusal: Arc::new(refusal),
+        }
+    }
+
+    /// A refusal says what to fix, once, after the broker it names; its
+    /// reason is the refusal alone.
+    #[test]
+    fn a_refusal_reads_as_what_to_fix() {
+        let credentials = refused(AccessRefusal::Credentials {
+            at: at(None),
+            said: said(403, "ACCESS_REFUSED - Login was refused"),
+        });
+        let reason = "authentication refused by broker main: check the user and password in \
+                      brokers.main.uri (broker: ACCESS_REFUSED - Login was refused)";
+        assert_eq!(credentials.reason(), reason);
+        let line = format!("broker \"main\" refused the connection: {reason}");
+        assert_eq!(credentials.to_string(), line);
+        assert_eq!(one_line(&credentials), line);
+
+        let missing = AccessRefusal::NoVhost {
+            at: at(Some("rabbit@two")),
+            vhost: "orders".to_owned(),
+            said: said(530, "NOT_ALLOWED - vhost orders not found"),
+        };
+        assert_eq!(
+            refused(missing).reason(),
+            "vhost refused by broker main (node rabbit@two): vhost \"orders\" does not exist; \
+             create it (rabbitmqctl add_vhost) or fix the vhost in brokers.main.uri (broker: \
+             NOT_ALLOWED - vhost orders not found)"
+        );
+        let forbidden = AccessRefusal::Vhost {
+            at: at(None),
+            user: "app".to_owned(),
+            vhost: "orders".to_owned(),
+            said: said(
+                530,
+                "NOT_ALLOWED - access to vhost 'orders' refused for user 'app'",
+            ),
+        };
+        assert_eq!(
+            refused(forbidden).reason(),
+            "vhost refused by broker main: user \"app\" may not use vhost \"orders\"; grant it \
+             permissions (rabbitmqctl set_permissions) or fix brokers.main.uri (broker: \
+             NOT_ALLOWED - access to vhost 'orders' refused for user 'app')"
+        );
+    }
+
+    /// A failed connect names the URI and says why once, the client's
+    /// error and its causes included.
+    #[test]
+    fn a_failed_connect_reads_as_its_uri_and_cause() {
+        let uri = "amqp://guest:***@127.0.0.1:1/%2f".to_owned();
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused");
+        let refused = ConnectError::Connect {
+            uri: uri.clone(),
+            failure: Arc::new(ConnectFailure::Amqp(lapin::Error::from(io))),
+        };
+        let line =
+            "cannot connect to amqp://guest:***@127.0.0.1:1/%2f: IO error: Connection refused";
+        assert_eq!(refused.to_string(), line);
+        assert_eq!(refused.reason(), line);
+        assert_eq!(one_line(&refused), line);
+        let silent = ConnectError::Connect {
+            uri,
+            failure: Arc::new(ConnectFailure::Timeout(Duration::from_secs(10))),
+        };
+        assert_eq!(
+            one_line(&silent),
+            "cannot connect to amqp://guest:***@127.0.0.1:1/%2f: no answer within 10 s"
+        );
+        let waiting = ConnectError::BackingOff {
+            broker: "down".to_owned(),
+            last: Arc::new(ConnectFailure::NoNode),
+        };
+        assert_eq!(
+            one_line(&waiting),
+            "broker \"down\" unreachable, reconnecting: no node configured"
+        );
+        assert_eq!(
+            ConnectError::ChannelTimeout(5000).to_string(),
+            "no answer to channel.open within 5000 ms"
+        );
+    }
 
     #[test]
     fn nodes_are_tried_in_preference_order_with_the_lost_one_last() {

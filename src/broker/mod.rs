@@ -33,7 +33,9 @@ mod registry;
 mod tls;
 mod topology;
 
-pub use connector::{Blocking, ConnectError, Connector, Role};
+pub use connector::{
+    AccessRefusal, Blocking, ConnectError, ConnectFailure, Connector, RefusedAt, Role,
+};
 pub use dlq_reader::{DlqReader, ReadError, RepublishError};
 pub use error::{BrokerError, Fault, Level, code};
 pub use health::{Down, EndpointHealth};
@@ -42,6 +44,7 @@ pub use inbound::{ConsumeError, InboundChannel, Receipt, open_inbound};
 pub use inbound::{Settled, SettledLog};
 pub use publisher::{Mode, PublishFailure, Publisher, Refusal};
 pub use registry::{Attempt, Health, Publish, Publishers};
+pub use tls::TlsFailure;
 pub use topology::{
     OpFailure, TopologyError, declare_endpoint_queue, prepare_inbound, redeclare_inbound,
 };

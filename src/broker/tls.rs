@@ -38,14 +38,33 @@ fn config(tls: &Tls) -> OwnedTLSConfig {
     }
 }
 
-/// When `error` is a failed TLS handshake (or a TLS alert from the broker),
-/// one line that says so, names the broker and, for the usual causes, the
-/// setting to check; `None` for any other error.
-pub fn failure(error: &lapin::Error, spec: &BrokerSpec) -> Option<String> {
-    let broker = &spec.name;
-    let uri_key = spec.uri_key();
-    let tls = tls_error(error)?;
-    let hint = match tls {
+/// A failed TLS handshake with a broker (or a TLS alert from it): the
+/// broker, the TLS error, and for the usual causes the setting to check.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("TLS handshake with broker {broker} failed: {error}{}", hint(.error, .broker, .uri_key))]
+pub struct TlsFailure {
+    /// The broker's name.
+    broker: String,
+    /// The key of its URIs: `uri` or `uris`.
+    uri_key: &'static str,
+    /// What the TLS library said.
+    #[source]
+    error: rustls::Error,
+}
+
+/// When `error` is a failed TLS handshake (or a TLS alert from the
+/// broker), that failure; `None` for any other error.
+pub fn failure(error: &lapin::Error, spec: &BrokerSpec) -> Option<TlsFailure> {
+    Some(TlsFailure {
+        broker: spec.name.clone(),
+        uri_key: spec.uri_key(),
+        error: tls_error(error)?.clone(),
+    })
+}
+
+/// The setting to check for the usual causes of `tls`, said after it.
+fn hint(tls: &rustls::Error, broker: &str, uri_key: &str) -> String {
+    match tls {
         rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer) => format!(
             " (the broker's certificate is not signed by a CA in brokers.{broker}.ca_file \
              or the system's roots)"
@@ -70,10 +89,7 @@ pub fn failure(error: &lapin::Error, spec: &BrokerSpec) -> Option<String> {
              brokers.{broker}.client_cert_file)"
         ),
         _ => String::new(),
-    };
-    Some(format!(
-        "TLS handshake with broker {broker} failed: {tls}{hint}"
-    ))
+    }
 }
 
 /// The rustls error somewhere in `error`'s source chain, if any.
@@ -95,4 +111,50 @@ fn tls_error(error: &lapin::Error) -> Option<&rustls::Error> {
         cause = e.source();
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TlsFailure;
+    use rustls::{AlertDescription, CertificateError};
+
+    fn said(error: rustls::Error) -> String {
+        let failure = TlsFailure {
+            broker: "main".to_owned(),
+            uri_key: "uri",
+            error,
+        };
+        crate::errors::one_line(&failure)
+    }
+
+    #[test]
+    fn a_tls_failure_names_the_broker_and_the_setting_to_check() {
+        assert_eq!(
+            said(rustls::Error::InvalidCertificate(
+                CertificateError::UnknownIssuer
+            )),
+            "TLS handshake with broker main failed: invalid peer certificate: UnknownIssuer \
+             (the broker's certificate is not signed by a CA in brokers.main.ca_file or the \
+             system's roots)"
+        );
+        assert_eq!(
+            said(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName
+            )),
+            "TLS handshake with broker main failed: invalid peer certificate: NotValidForName \
+             (the broker's certificate is not valid for the host in brokers.main.uri)"
+        );
+        assert_eq!(
+            said(rustls::Error::AlertReceived(
+                AlertDescription::CertificateRequired
+            )),
+            "TLS handshake with broker main failed: received fatal alert: CertificateRequired \
+             (the broker requires a client certificate: set brokers.main.client_cert_file and \
+             client_key_file)"
+        );
+        assert_eq!(
+            said(rustls::Error::DecryptError),
+            "TLS handshake with broker main failed: cannot decrypt peer's message"
+        );
+    }
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// How one branch ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum BranchOutcome {
     /// Confirmed by `endpoint` and not returned.
     Delivered {
@@ -225,7 +225,7 @@ fn unparsable_note(unparsable: &Option<Unparsable>) -> String {
 }
 
 /// One branch that failed: where, and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct BranchFailure {
     /// Branch name.
     pub branch: Arc<str>,
@@ -236,7 +236,7 @@ pub struct BranchFailure {
 }
 
 /// Why one branch failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum BranchError {
     /// Its list was exhausted; the last attempt's failure.
     #[error("{0}")]
@@ -251,7 +251,7 @@ pub enum BranchError {
 
 /// Why a message is dead-lettered, typed: what barred it, or the branches
 /// that failed. Its `Display` is the dead letter's one-line error.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Cause {
     /// Barred before (or instead of) delivering.
     Barred(Barred),
@@ -308,7 +308,7 @@ impl fmt::Display for Cause {
 }
 
 /// What to do with the inbound message.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Verdict {
     /// Every branch delivered: ack.
     Commit,

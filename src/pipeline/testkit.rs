@@ -5,7 +5,7 @@
 //! take no real time.
 
 use crate::amqp::{AmqpValue, FieldTable, Properties, ShortString};
-use crate::broker::{Attempt, ConnectError, Health, Mode, Publish, PublishFailure};
+use crate::broker::{Attempt, ConnectError, ConnectFailure, Health, Mode, Publish, PublishFailure};
 use crate::config::{Settings, load_str};
 use crate::destination::Endpoint;
 use crate::envelope::Envelope;
@@ -167,7 +167,7 @@ async fn answer(reply: Reply) -> Result<(), PublishFailure> {
 pub fn unreachable() -> PublishFailure {
     PublishFailure::Unreachable(ConnectError::Connect {
         uri: "amqp://guest:***@127.0.0.1:1/%2f".to_owned(),
-        reason: "connection refused".to_owned(),
+        failure: Arc::new(ConnectFailure::Timeout(Duration::from_secs(10))),
     })
 }
 
