@@ -29,6 +29,7 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use std::convert::Infallible;
+use std::fmt::Display;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,8 +48,9 @@ const MAX_REQUEST_BYTES: usize = 16 * 1024;
 /// How long open connections get to finish once the server stops.
 const DRAIN: Duration = Duration::from_secs(1);
 
-/// Whether the forwarder serves: `Ok`, or why not in one line.
-pub type Ready = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+/// Whether the forwarder serves: `Ok`, or why not (its `Display` is the
+/// line `/readyz` answers).
+pub type Ready<E> = Arc<dyn Fn() -> Result<(), E> + Send + Sync>;
 
 /// Why the admin endpoint cannot listen.
 #[derive(Debug, thiserror::Error)]
@@ -118,7 +120,12 @@ impl Admin {
 
     /// Serves until `stop` is cancelled, then lets open connections finish
     /// for a moment.
-    pub async fn serve(self, telemetry: Telemetry, readiness: Ready, stop: CancellationToken) {
+    pub async fn serve<E: Display + 'static>(
+        self,
+        telemetry: Telemetry,
+        readiness: Ready<E>,
+        stop: CancellationToken,
+    ) {
         crate::listen::deepen_backlog(&self.listener);
         let connections = TaskTracker::new();
         let counted = telemetry.clone();
@@ -171,10 +178,10 @@ impl Admin {
     }
 }
 
-fn respond(
+fn respond<E: Display>(
     request: &Request<Incoming>,
     telemetry: &Telemetry,
-    readiness: &Ready,
+    readiness: &Ready<E>,
 ) -> Response<Full<Bytes>> {
     let path = request.uri().path();
     if !matches!(path, "/healthz" | "/readyz" | "/metrics") {

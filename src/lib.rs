@@ -62,7 +62,7 @@ pub mod telemetry;
 pub mod uri;
 pub mod wire;
 
-pub use pipeline::{Forwarder, Readiness, RunError};
+pub use pipeline::{Forwarder, NotReady, Readiness, RunError};
 pub use telemetry::Telemetry;
 
 use std::future::Future;
@@ -151,7 +151,7 @@ pub async fn run_with(
     let admin_stop = CancellationToken::new();
     let server = admin.map(|admin| {
         let readiness = forwarder.readiness();
-        let ready: admin::Ready = Arc::new(move || readiness.check());
+        let ready: admin::Ready<NotReady> = Arc::new(move || readiness.check());
         tokio::spawn(admin.serve(telemetry.clone(), ready, admin_stop.clone()))
     });
     // The ingress stops taking requests when shutdown starts; the ones it

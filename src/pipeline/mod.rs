@@ -329,17 +329,17 @@ pub struct Readiness {
 }
 
 impl Readiness {
-    /// `Ok` when ready; otherwise why not, in one line.
-    pub fn check(&self) -> Result<(), String> {
+    /// `Ok` when ready; otherwise why not.
+    pub fn check(&self) -> Result<(), NotReady> {
         let generation = self.generation.borrow().clone();
         let consumes = generation.settings.inbound.is_some();
         if consumes && !self.consuming.load(Ordering::Relaxed) {
-            return Err("not consuming from the inbound queue".to_owned());
+            return Err(NotReady::NotConsuming);
         }
         if !self.prepared.load(Ordering::Relaxed) {
-            return Err("starting: the topology is not prepared yet".to_owned());
+            return Err(NotReady::Starting);
         }
-        let down: Vec<String> = generation
+        let down: Vec<DownBranch> = generation
             .settings
             .routing
             .branch_endpoints()
@@ -348,15 +348,81 @@ impl Readiness {
                     .iter()
                     .any(|e| generation.publishers.endpoint_up(&e.name))
             })
-            .map(|(branch, endpoints)| {
-                let names: Vec<&str> = endpoints.iter().map(|e| e.name.as_str()).collect();
-                format!("branch {branch} has no endpoint up ({})", names.join(", "))
+            .map(|(branch, endpoints)| DownBranch {
+                branch: branch.to_owned(),
+                endpoints: endpoints.iter().map(|e| e.name.clone()).collect(),
             })
             .collect();
         if down.is_empty() {
             Ok(())
         } else {
-            Err(down.join("; "))
+            Err(NotReady::NoEndpointUp(down))
         }
+    }
+}
+
+/// Why a forwarder does not serve, as `/readyz` says it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotReady {
+    /// It has an inbound queue and does not consume from it.
+    #[error("not consuming from the inbound queue")]
+    NotConsuming,
+    /// Its topology is not prepared yet.
+    #[error("starting: the topology is not prepared yet")]
+    Starting,
+    /// Branches with no endpoint up, in filter-table order; never empty.
+    #[error("{}", joined(.0))]
+    NoEndpointUp(Vec<DownBranch>),
+}
+
+/// A branch none of whose endpoints is up.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("branch {branch} has no endpoint up ({})", .endpoints.join(", "))]
+pub struct DownBranch {
+    /// The branch's name.
+    pub branch: String,
+    /// Its endpoints, in list order.
+    pub endpoints: Vec<String>,
+}
+
+fn joined(down: &[DownBranch]) -> String {
+    let lines: Vec<String> = down.iter().map(DownBranch::to_string).collect();
+    lines.join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{DownBranch, NotReady};
+
+    fn down(branch: &str, endpoints: &[&str]) -> DownBranch {
+        DownBranch {
+            branch: branch.to_owned(),
+            endpoints: endpoints.iter().map(|e| (*e).to_owned()).collect(),
+        }
+    }
+
+    #[test]
+    fn each_reason_not_to_serve_reads_as_readyz_says_it() {
+        assert_eq!(
+            NotReady::NotConsuming.to_string(),
+            "not consuming from the inbound queue"
+        );
+        assert_eq!(
+            NotReady::Starting.to_string(),
+            "starting: the topology is not prepared yet"
+        );
+        assert_eq!(
+            NotReady::NoEndpointUp(vec![down("audit", &["audit"])]).to_string(),
+            "branch audit has no endpoint up (audit)"
+        );
+        assert_eq!(
+            NotReady::NoEndpointUp(vec![
+                down("audit", &["audit"]),
+                down("service", &["primary", "backup"]),
+            ])
+            .to_string(),
+            "branch audit has no endpoint up (audit); branch service has no endpoint up \
+             (primary, backup)"
+        );
     }
 }
