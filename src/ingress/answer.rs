@@ -135,7 +135,10 @@ impl Answer {
             Verdict::DeadLetter { cause, .. } => {
                 let failed = cause
                     .failed_branches()
-                    .map(|f| failure(&f.branch, &f.endpoint, &f.error.to_string()))
+                    .map(|f| {
+                        let endpoint = f.endpoint.as_deref().unwrap_or_default();
+                        failure(&f.branch, endpoint, &f.error.to_string())
+                    })
                     .collect();
                 if cause.reason() == Reason::Outage {
                     let reason = "every endpoint of a branch is unreachable: retry with the same \

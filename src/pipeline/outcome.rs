@@ -22,8 +22,8 @@ pub enum BranchOutcome {
     Failed {
         /// Branch name.
         branch: Arc<str>,
-        /// The endpoint that failed last (`""` when none was tried).
-        endpoint: String,
+        /// The endpoint that failed last; `None` when none was tried.
+        endpoint: Option<String>,
         /// The last attempt's failure.
         error: PublishFailure,
     },
@@ -229,8 +229,8 @@ fn unparsable_note(unparsable: &Option<Unparsable>) -> String {
 pub struct BranchFailure {
     /// Branch name.
     pub branch: Arc<str>,
-    /// The endpoint that failed or refused last (`""` when none was tried).
-    pub endpoint: String,
+    /// The endpoint that failed or refused last; `None` when none was tried.
+    pub endpoint: Option<String>,
     /// Why.
     pub error: BranchError,
 }
@@ -288,6 +288,15 @@ impl Cause {
         };
         failures.iter()
     }
+
+    /// The endpoint `branch` failed on last; `None` when the branch did not
+    /// fail or tried no endpoint.
+    pub fn endpoint_of(&self, branch: &str) -> Option<&str> {
+        self.failed_branches()
+            .find(|f| *f.branch == *branch)?
+            .endpoint
+            .as_deref()
+    }
 }
 
 impl fmt::Display for Cause {
@@ -316,17 +325,23 @@ pub enum Verdict {
     Abandon,
     /// Dead-letter, recording which branches failed and which were delivered.
     DeadLetter {
-        /// Why, typed; its reason and text go in the dead letter.
+        /// Why, typed; its reason and text go in the dead letter, and the
+        /// endpoint each failed branch failed on.
         cause: Cause,
-        /// Branches that failed (or, in a session's set, that do not hold
-        /// this message).
-        failed: Vec<String>,
-        /// For each failed branch, the endpoint that refused last (`""`
-        /// when none was tried).
-        refused_by: Vec<String>,
-        /// Branches already delivered.
-        delivered: Vec<String>,
+        /// Every branch the message was for, in filter-table order, and
+        /// whether it holds the message.
+        reached: Vec<Reach>,
     },
+}
+
+/// A branch of a dead-lettered message, and whether the message reached it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reach {
+    /// Branch name.
+    pub branch: Arc<str>,
+    /// Delivered; in a session's set, its endpoint has the set up to this
+    /// message. A branch that failed never holds it.
+    pub holds: bool,
 }
 
 impl Verdict {
@@ -334,9 +349,38 @@ impl Verdict {
     pub fn barred(barred: Barred) -> Self {
         Self::DeadLetter {
             cause: Cause::Barred(barred),
-            failed: Vec::new(),
-            refused_by: Vec::new(),
-            delivered: Vec::new(),
+            reached: Vec::new(),
+        }
+    }
+
+    /// The branches a dead letter did not reach, in filter-table order:
+    /// those that failed and, in a session's set, those that do not hold
+    /// this message. None for any other verdict.
+    pub fn failed(&self) -> impl Iterator<Item = &str> {
+        self.reached().filter(|r| !r.holds).map(|r| &*r.branch)
+    }
+
+    /// For each of [`Self::failed`], the endpoint that failed last; `None`
+    /// when that branch tried none or did not fail itself.
+    pub fn failed_endpoints(&self) -> impl Iterator<Item = Option<&str>> {
+        let cause = match self {
+            Self::DeadLetter { cause, .. } => Some(cause),
+            Self::Commit | Self::Abandon => None,
+        };
+        self.failed()
+            .map(move |branch| cause.and_then(|c| c.endpoint_of(branch)))
+    }
+
+    /// The branches a dead letter reached, in filter-table order; none for
+    /// any other verdict.
+    pub fn delivered(&self) -> impl Iterator<Item = &str> {
+        self.reached().filter(|r| r.holds).map(|r| &*r.branch)
+    }
+
+    fn reached(&self) -> std::slice::Iter<'_, Reach> {
+        match self {
+            Self::DeadLetter { reached, .. } => reached.iter(),
+            Self::Commit | Self::Abandon => [].iter(),
         }
     }
 }
@@ -366,47 +410,42 @@ impl Outcome {
             return Verdict::Commit;
         }
         let mut failures = Vec::new();
-        let mut delivered = Vec::new();
-        for branch in self.branches {
-            match branch {
-                BranchOutcome::Delivered { branch, .. } => delivered.push(branch.to_string()),
+        let mut reached = Vec::new();
+        for outcome in self.branches {
+            let (branch, failure) = match outcome {
                 BranchOutcome::Abandoned { .. } => return Verdict::Abandon,
+                BranchOutcome::Delivered { branch, .. } => (branch, None),
                 BranchOutcome::Failed {
                     branch,
                     endpoint,
                     error,
-                } => failures.push(BranchFailure {
-                    branch,
-                    endpoint,
-                    error: BranchError::Exhausted(error),
-                }),
+                } => (branch, Some((endpoint, BranchError::Exhausted(error)))),
                 BranchOutcome::Rejected {
                     branch,
                     endpoint,
                     error,
-                } => failures.push(BranchFailure {
-                    branch,
-                    endpoint,
-                    error: BranchError::Rejected(error),
-                }),
+                } => (branch, Some((Some(endpoint), BranchError::Rejected(error)))),
                 BranchOutcome::Outage {
                     branch,
                     endpoint,
                     error,
-                } => failures.push(BranchFailure {
+                } => (branch, Some((Some(endpoint), BranchError::Outage(error)))),
+            };
+            reached.push(Reach {
+                branch: branch.clone(),
+                holds: failure.is_none(),
+            });
+            if let Some((endpoint, error)) = failure {
+                failures.push(BranchFailure {
                     branch,
                     endpoint,
-                    error: BranchError::Outage(error),
-                }),
+                    error,
+                });
             }
         }
-        let failed = failures.iter().map(|f| f.branch.to_string()).collect();
-        let refused_by = failures.iter().map(|f| f.endpoint.clone()).collect();
         Verdict::DeadLetter {
             cause: Cause::Branches(failures),
-            failed,
-            refused_by,
-            delivered,
+            reached,
         }
     }
 }
@@ -425,7 +464,7 @@ mod tests {
     fn failed(b: &str) -> BranchOutcome {
         BranchOutcome::Failed {
             branch: b.into(),
-            endpoint: format!("{b}-backup"),
+            endpoint: Some(format!("{b}-backup")),
             error: PublishFailure::Nacked,
         }
     }
@@ -438,29 +477,96 @@ mod tests {
         assert_eq!(outcome.verdict(), Verdict::Commit);
     }
 
+    /// The lists a dead letter records, as its headers carry them.
+    fn lists(verdict: &Verdict) -> (Vec<&str>, Vec<Option<&str>>, Vec<&str>) {
+        (
+            verdict.failed().collect(),
+            verdict.failed_endpoints().collect(),
+            verdict.delivered().collect(),
+        )
+    }
+
     #[test]
     fn one_failed_branch_dead_letters_with_complete_lists() {
         let outcome = Outcome {
             branches: vec![delivered("service"), failed("logging")],
         };
-        let Verdict::DeadLetter {
-            cause,
-            failed,
-            refused_by,
-            delivered,
-        } = outcome.verdict()
-        else {
+        let verdict = outcome.verdict();
+        assert_eq!(
+            lists(&verdict),
+            (
+                vec!["logging"],
+                vec![Some("logging-backup")],
+                vec!["service"]
+            )
+        );
+        let Verdict::DeadLetter { cause, .. } = verdict else {
             panic!("a dead letter");
         };
         assert_eq!(cause.reason(), Reason::Exhausted);
         assert_eq!(cause.to_string(), "logging: nacked by the broker");
-        assert_eq!(failed, ["logging"]);
-        assert_eq!(refused_by, ["logging-backup"]);
-        assert_eq!(delivered, ["service"]);
         assert!(matches!(
             cause.failed_branches().next().map(|f| &f.error),
             Some(BranchError::Exhausted(PublishFailure::Nacked))
         ));
+    }
+
+    /// Failed and delivered branches keep the table's order, and a branch
+    /// that tried no endpoint has none.
+    #[test]
+    fn the_lists_keep_table_order_and_an_untried_branch_has_no_endpoint() {
+        let untried = BranchOutcome::Failed {
+            branch: "audit".into(),
+            endpoint: None,
+            error: PublishFailure::Stopped,
+        };
+        let outcome = Outcome {
+            branches: vec![
+                failed("logging"),
+                delivered("service"),
+                untried,
+                delivered("billing"),
+            ],
+        };
+        assert_eq!(
+            lists(&outcome.verdict()),
+            (
+                vec!["logging", "audit"],
+                vec![Some("logging-backup"), None],
+                vec!["service", "billing"]
+            )
+        );
+    }
+
+    /// In a session's set a branch may miss a message without failing
+    /// itself: it is listed as failed, with no endpoint.
+    #[test]
+    fn a_branch_that_does_not_hold_a_message_is_failed_without_an_endpoint() {
+        let Verdict::DeadLetter { cause, .. } = Outcome {
+            branches: vec![delivered("service"), failed("logging")],
+        }
+        .verdict() else {
+            panic!("a dead letter");
+        };
+        let reach = |branch: &str, holds| Reach {
+            branch: branch.into(),
+            holds,
+        };
+        let verdict = Verdict::DeadLetter {
+            cause,
+            reached: vec![reach("service", false), reach("logging", false)],
+        };
+        assert_eq!(
+            lists(&verdict),
+            (
+                vec!["service", "logging"],
+                vec![None, Some("logging-backup")],
+                vec![]
+            )
+        );
+        assert_eq!(lists(&Verdict::Commit), (vec![], vec![], vec![]));
+        let bar = Verdict::barred(Barred::Loop { hops: 8, max: 8 });
+        assert_eq!(lists(&bar), (vec![], vec![], vec![]));
     }
 
     #[test]
@@ -492,11 +598,15 @@ mod tests {
                 },
             ],
         };
+        let verdict = rejected.verdict();
         assert!(matches!(
-            rejected.verdict(),
-            Verdict::DeadLetter { ref cause, ref failed, ref refused_by, .. }
-                if cause.reason() == Reason::Rejected && failed == &["service"] && refused_by == &["primary"]
+            &verdict,
+            Verdict::DeadLetter { cause, .. } if cause.reason() == Reason::Rejected
         ));
+        assert_eq!(
+            lists(&verdict),
+            (vec!["service"], vec![Some("primary")], vec!["logging"])
+        );
         let abandoned = Outcome {
             branches: vec![
                 failed("logging"),

@@ -105,18 +105,11 @@ impl Settler {
                     telemetry.abandoned(envelope.message_id());
                     None
                 }
-                Verdict::DeadLetter {
-                    cause,
-                    failed,
-                    refused_by,
-                    delivered,
-                } => {
+                Verdict::DeadLetter { ref cause, .. } => {
                     let letter = Letter {
                         reason: cause.reason(),
                         error: one_line_text(&cause.to_string()),
-                        failed,
-                        refused_by,
-                        delivered,
+                        verdict,
                     };
                     Some((envelope, receipt, letter))
                 }
@@ -149,7 +142,9 @@ impl Settler {
         for (envelope, receipt, l) in letters {
             let reason = l.reason.as_str();
             let id = envelope.message_id();
-            telemetry.dead_lettered(id, reason, &l.error, &l.failed, &l.delivered, how);
+            let failed: Vec<&str> = l.verdict.failed().collect();
+            let delivered: Vec<&str> = l.verdict.delivered().collect();
+            telemetry.dead_lettered(id, reason, &l.error, &failed, &delivered, how);
             if republished {
                 receipt.ack();
             } else {
@@ -168,18 +163,19 @@ impl Settler {
         let Letter {
             reason,
             error,
-            failed,
-            refused_by,
-            delivered,
+            verdict,
         } = letter;
         let mut headers = annotations(
             reason.as_str(),
             error,
-            failed,
-            delivered,
+            verdict.failed(),
+            verdict.delivered(),
             &self.source_queue,
         );
-        headers.push((wire::FAILED_ENDPOINTS.into(), text_array(refused_by)));
+        // No endpoint is an empty string, so the list stays aligned with
+        // the failed branches.
+        let endpoints = verdict.failed_endpoints().map(Option::unwrap_or_default);
+        headers.push((wire::FAILED_ENDPOINTS.into(), text_array(endpoints)));
         headers.extend(extra.iter().cloned());
         // A dead letter is not a forward: it keeps the hops it came with.
         headers.push((
@@ -195,13 +191,12 @@ impl Settler {
     }
 }
 
-/// A dead-letter verdict's contents, its error on one line.
+/// A dead-letter verdict, its reason and its error on one line.
 struct Letter {
     reason: Reason,
     error: String,
-    failed: Vec<String>,
-    refused_by: Vec<String>,
-    delivered: Vec<String>,
+    /// Always [`Verdict::DeadLetter`]: its lists go in the headers.
+    verdict: Verdict,
 }
 
 /// Publishes the dead-letter copy until it is confirmed (`true`) or the
@@ -275,33 +270,31 @@ fn fitting(envelope: &Envelope) -> Envelope {
     }
 }
 
-fn text_array(items: &[String]) -> AmqpValue {
+fn text_array<'a>(items: impl Iterator<Item = &'a str>) -> AmqpValue {
     AmqpValue::FieldArray(FieldArray::from(
         items
-            .iter()
-            .map(|n| AmqpValue::LongString(n.as_str().into()))
+            .map(|n| AmqpValue::LongString(n.into()))
             .collect::<Vec<_>>(),
     ))
 }
 
 /// The `x-switchyard-*` headers of a dead letter.
-pub fn annotations(
+pub fn annotations<'a>(
     reason: &str,
     error: &str,
-    failed: &[String],
-    delivered: &[String],
+    failed: impl Iterator<Item = &'a str>,
+    delivered: impl Iterator<Item = &'a str>,
     source_queue: &str,
 ) -> Vec<(ShortString, AmqpValue)> {
     let text = |s: &str| AmqpValue::LongString(s.into());
-    let array = text_array;
     let now_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);
     vec![
         (wire::REASON.into(), text(reason)),
         (wire::ERROR.into(), text(error)),
-        (wire::FAILED.into(), array(failed)),
-        (wire::DELIVERED.into(), array(delivered)),
+        (wire::FAILED.into(), text_array(failed)),
+        (wire::DELIVERED.into(), text_array(delivered)),
         (wire::SOURCE_QUEUE.into(), text(source_queue)),
         (
             wire::DEAD_LETTERED_AT.into(),
@@ -413,6 +406,66 @@ mod tests {
         );
         let bare = envelope(None);
         assert_eq!(without_deep_headers(&bare).properties, bare.properties);
+    }
+
+    /// The headers list the failed branches, the endpoint each failed on
+    /// last (an empty string for none, so the two lists stay aligned) and
+    /// the delivered branches, in table order.
+    #[test]
+    fn a_dead_letter_lists_its_branches_and_endpoints_in_its_headers() {
+        use crate::pipeline::outcome::{BranchOutcome, Outcome};
+        let failed = |branch: &str, endpoint: Option<&str>| BranchOutcome::Failed {
+            branch: branch.into(),
+            endpoint: endpoint.map(str::to_owned),
+            error: PublishFailure::Nacked,
+        };
+        let outcome = Outcome {
+            branches: vec![
+                failed("logging", Some("logging-backup")),
+                BranchOutcome::Delivered {
+                    branch: "service".into(),
+                    endpoint: "primary".to_owned(),
+                },
+                failed("audit", None),
+            ],
+        };
+        let verdict = outcome.verdict();
+        let Verdict::DeadLetter { cause, .. } = &verdict else {
+            panic!("a dead letter");
+        };
+        let letter = Letter {
+            reason: cause.reason(),
+            error: one_line_text(&cause.to_string()),
+            verdict: verdict.clone(),
+        };
+        let settler = Settler::new(DeadLetterMode::Nack, None, "in", Telemetry::new());
+        let (_, headers) = settler.copy(&Arc::new(envelope(None)), &letter, &[]);
+        let header = |name: &str| {
+            headers
+                .iter()
+                .find(|(n, _)| n.as_str() == name)
+                .map(|(_, v)| v.clone())
+        };
+        let texts = |items: &[&str]| {
+            let items: Vec<AmqpValue> = items
+                .iter()
+                .map(|i| AmqpValue::LongString((*i).into()))
+                .collect();
+            Some(AmqpValue::FieldArray(FieldArray::from(items)))
+        };
+        let text = |s: &str| Some(AmqpValue::LongString(s.into()));
+        assert_eq!(header(wire::REASON), text("exhausted"));
+        assert_eq!(
+            header(wire::ERROR),
+            text("logging: nacked by the broker; audit: nacked by the broker")
+        );
+        assert_eq!(header(wire::FAILED), texts(&["logging", "audit"]));
+        assert_eq!(
+            header(wire::FAILED_ENDPOINTS),
+            texts(&["logging-backup", ""])
+        );
+        assert_eq!(header(wire::DELIVERED), texts(&["service"]));
+        assert_eq!(header(wire::SOURCE_QUEUE), text("in"));
     }
 
     /// A dead-letter copy that keeps failing as a suspect, alone too, is

@@ -323,8 +323,8 @@ impl Telemetry {
         message_id: &str,
         reason: &str,
         error: &str,
-        failed: &[String],
-        delivered: &[String],
+        failed: &[&str],
+        delivered: &[&str],
         how: &str,
     ) {
         tracing::warn!(

@@ -94,7 +94,7 @@ async fn an_endpoint_is_retried_before_the_branch_moves_on_and_an_exhausted_list
         outcome.branches,
         [BranchOutcome::Failed {
             branch: "service".into(),
-            endpoint: "b".to_owned(),
+            endpoint: Some("b".to_owned()),
             error: PublishFailure::Nacked,
         }]
     );

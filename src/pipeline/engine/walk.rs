@@ -187,19 +187,10 @@ impl BranchRun {
                 }
                 self.move_to(next);
             }
-            // A compiled list is never empty; `Stopped` stands for "nothing tried".
-            let (endpoint, error) =
-                last_error.unwrap_or_else(|| (String::new(), PublishFailure::Stopped));
-            if !(outage && error.is_outage()) {
-                self.failed = true;
-                let route = (endpoint.as_str(), None);
-                telemetry.failover(message_id, &self.plan.name, route, &error, None);
-                return BranchOutcome::Failed {
-                    branch: self.plan.name.clone(),
-                    endpoint,
-                    error,
-                };
-            }
+            let (endpoint, error) = match last_error {
+                Some((endpoint, error)) if outage && error.is_outage() => (endpoint, error),
+                last => return self.exhausted(telemetry, message_id, last),
+            };
             if walk.lost.is_cancelled() {
                 return self.abandoned();
             }
@@ -240,6 +231,29 @@ impl BranchRun {
     fn abandoned(&self) -> BranchOutcome {
         BranchOutcome::Abandoned {
             branch: self.plan.name.clone(),
+        }
+    }
+
+    /// The branch fails: its list ran out, `last` the endpoint that failed
+    /// last and how.
+    fn exhausted(
+        &mut self,
+        telemetry: &Telemetry,
+        message_id: &str,
+        last: Option<(String, PublishFailure)>,
+    ) -> BranchOutcome {
+        // A compiled list is never empty; `Stopped` stands for "nothing tried".
+        let (endpoint, error) = match last {
+            Some((endpoint, error)) => (Some(endpoint), error),
+            None => (None, PublishFailure::Stopped),
+        };
+        self.failed = true;
+        let route = (endpoint.as_deref().unwrap_or_default(), None);
+        telemetry.failover(message_id, &self.plan.name, route, &error, None);
+        BranchOutcome::Failed {
+            branch: self.plan.name.clone(),
+            endpoint,
+            error,
         }
     }
 

@@ -21,7 +21,7 @@ use crate::broker::Receipt;
 use crate::envelope::Envelope;
 use crate::pipeline::engine::{self, BranchRun, Walk, held};
 use crate::pipeline::generation::Generation;
-use crate::pipeline::outcome::{Barred, Cause, Outcome, Verdict};
+use crate::pipeline::outcome::{Barred, Cause, Outcome, Reach, Verdict};
 use crate::telemetry::Telemetry;
 use futures_util::future::join_all;
 use std::sync::Arc;
@@ -190,24 +190,20 @@ impl SessionTask {
             .zip(receipts)
             .enumerate()
             .map(|(index, (envelope, receipt))| {
-                let mut failed = Vec::new();
-                let mut refused_by = Vec::new();
-                let mut delivered = Vec::new();
-                for branch in branches {
-                    let name = branch.name().to_string();
-                    let failure = cause.failed_branches().find(|f| *f.branch == *name);
-                    if failure.is_none() && index < branch.holds() {
-                        delivered.push(name);
-                    } else {
-                        refused_by.push(failure.map(|f| f.endpoint.clone()).unwrap_or_default());
-                        failed.push(name);
-                    }
-                }
+                let reached = branches
+                    .iter()
+                    .map(|branch| {
+                        let name = branch.name();
+                        let failed = cause.failed_branches().any(|f| f.branch == *name);
+                        Reach {
+                            branch: name.clone(),
+                            holds: !failed && index < branch.holds(),
+                        }
+                    })
+                    .collect();
                 let verdict = Verdict::DeadLetter {
                     cause: cause.clone(),
-                    failed,
-                    refused_by,
-                    delivered,
+                    reached,
                 };
                 (envelope, receipt, verdict)
             })
