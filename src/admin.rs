@@ -17,7 +17,7 @@
 //! server
 //! stops accepting when its stop token is cancelled, which the forwarder's
 //! run does once it has stopped, and gives open connections a moment to
-//! finish their request.
+//! finish their request; how many were still open past it is logged.
 
 use crate::listen::gate::{Gate, Served};
 use crate::telemetry::{Listener, METRICS_CONTENT_TYPE, Telemetry};
@@ -174,7 +174,12 @@ impl Admin {
             });
         }
         connections.close();
-        let _ = tokio::time::timeout(DRAIN * 2, connections.wait()).await;
+        if tokio::time::timeout(DRAIN * 2, connections.wait())
+            .await
+            .is_err()
+        {
+            telemetry.connections_left(Listener::Admin, connections.len(), DRAIN * 2);
+        }
     }
 }
 

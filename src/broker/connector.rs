@@ -404,6 +404,11 @@ impl Connector {
         &self.spec.name
     }
 
+    /// Where the events of its connections and channels are logged.
+    pub fn telemetry(&self) -> &Telemetry {
+        &self.telemetry
+    }
+
     /// The user and vhost the broker's URIs name, for messages that say
     /// what permission to grant.
     pub fn identity(&self) -> (String, String) {
@@ -637,8 +642,10 @@ impl Connector {
                         .is_some_and(|c| c.status().connected());
                 if !still {
                     let connection = Arc::new(connection);
+                    let telemetry = self.telemetry.clone();
                     self.background.spawn(async move {
-                        close_connection(&connection, 200, "switchyard: not needed").await;
+                        close_connection(&connection, 200, "switchyard: not needed", &telemetry)
+                            .await;
                     });
                     break;
                 }
@@ -661,13 +668,14 @@ impl Connector {
     /// Closes a connection left for a more preferred node once the work
     /// on it has had [`DRAIN`] (at once when the connector closes).
     fn drain_and_close(&self, connection: Arc<Connection>) {
-        let closed = self.closed.clone();
+        let (closed, telemetry) = (self.closed.clone(), self.telemetry.clone());
         self.background.spawn(async move {
             tokio::select! {
                 () = closed.cancelled() => {}
                 () = tokio::time::sleep(DRAIN) => {}
             }
-            close_connection(&connection, 200, "switchyard: back on the preferred node").await;
+            let why = "switchyard: back on the preferred node";
+            close_connection(&connection, 200, why, &telemetry).await;
         });
     }
 
@@ -715,9 +723,9 @@ impl Connector {
         {
             state.connection = None;
             tracing::debug!(broker = %self.spec.name, why, "discarding connection");
-            let c = connection.clone();
+            let (c, telemetry) = (connection.clone(), self.telemetry.clone());
             self.background.spawn(async move {
-                close_connection(&c, 320, "switchyard: reconnecting").await;
+                close_connection(&c, 320, "switchyard: reconnecting", &telemetry).await;
             });
         }
     }
@@ -736,7 +744,7 @@ impl Connector {
         self.closed.cancel();
         let connection = self.state.lock().await.connection.take();
         if let Some(c) = connection {
-            close_connection(&c, 200, "switchyard: shutdown").await;
+            close_connection(&c, 200, "switchyard: shutdown", &self.telemetry).await;
         }
     }
 }

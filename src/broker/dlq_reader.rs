@@ -16,6 +16,7 @@ use super::error::{BrokerError, Fault};
 use crate::amqp::{FieldTable, Properties};
 use crate::config::BrokerSpec;
 use crate::envelope::Envelope;
+use crate::telemetry::Telemetry;
 use lapin::options::{
     BasicAckOptions, BasicGetOptions, BasicNackOptions, BasicPublishOptions, ConfirmSelectOptions,
     QueueDeclareOptions,
@@ -93,6 +94,8 @@ pub struct DlqReader {
     queue: String,
     /// The delivery tag of the last message taken, if any.
     last_tag: Option<u64>,
+    /// Where a close the broker does not answer is logged.
+    telemetry: Telemetry,
 }
 
 impl DlqReader {
@@ -107,6 +110,8 @@ impl DlqReader {
         let properties = ConnectionProperties::default()
             .with_connection_name(format!("{instance}/dlq/{}", spec.name).into());
         let connection = connect_first(spec, properties).await?;
+        // A command's own: its metrics are never served.
+        let telemetry = Telemetry::new();
         let channel = bounded("opening a channel", connection.create_channel()).await?;
         let options = QueueDeclareOptions {
             passive: true,
@@ -121,7 +126,7 @@ impl DlqReader {
             Ok(Ok(q)) => q.message_count(),
             Ok(Err(e)) => {
                 let error = BrokerError::from_lapin(&e);
-                close_connection(&connection, 200, "").await;
+                close_connection(&connection, 200, "", &telemetry).await;
                 return Err(match error.code {
                     Some(super::code::NOT_FOUND) => ReadError::Missing {
                         queue: queue.to_owned(),
@@ -147,6 +152,7 @@ impl DlqReader {
             publisher: None,
             queue: queue.to_owned(),
             last_tag: None,
+            telemetry,
         };
         Ok((reader, count))
     }
@@ -273,8 +279,9 @@ impl DlqReader {
             None => Ok(()),
         };
         // Closing also requeues anything the nack did not reach.
-        close_channel(&self.channel, "").await;
-        close_connection(&self.connection, 200, "switchyard dlq: done").await;
+        close_channel(&self.channel, "", &self.telemetry).await;
+        let why = "switchyard dlq: done";
+        close_connection(&self.connection, 200, why, &self.telemetry).await;
         requeued
     }
 }

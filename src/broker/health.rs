@@ -163,7 +163,7 @@ pub(super) async fn probe(connector: &Connector, endpoint: &Endpoint) -> Result<
         Ok::<_, lapin::Error>(())
     };
     let result = tokio::time::timeout(limit, checks).await;
-    close_channel(&channel, "switchyard: probe").await;
+    close_channel(&channel, "switchyard: probe", connector.telemetry()).await;
     match result {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(ProbeFailure::Broker(BrokerError::from_lapin(&e))),

@@ -15,6 +15,7 @@ use crate::amqp::FieldTable;
 use crate::config::Inbound;
 use crate::destination::QueueType;
 use crate::envelope::Envelope;
+use crate::telemetry::Telemetry;
 use crate::wire::{Annotations, Reading, Trust};
 use futures_util::StreamExt;
 use lapin::options::{
@@ -22,6 +23,8 @@ use lapin::options::{
 };
 use lapin::{Channel, Consumer};
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -29,6 +32,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long stopping the consumer waits for `basic.cancel-ok`, and closing
+/// the channel for its pending settlements to go out.
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why consuming could not start or stopped. Transient: reopen later.
 #[derive(Debug, thiserror::Error)]
@@ -72,8 +78,13 @@ pub struct InboundChannel {
     consumer_tag: String,
     settle: mpsc::UnboundedSender<Settle>,
     settler: JoinHandle<()>,
+    /// Messages delivered and not yet acked or rejected, as the settle task
+    /// last counted them: what the broker redelivers if it is cut short.
+    unacked: Arc<AtomicUsize>,
     /// How its deliveries' headers are read.
     reading: Reading,
+    queue: String,
+    telemetry: Telemetry,
 }
 
 enum Settle {
@@ -231,7 +242,8 @@ pub async fn open_inbound(
         }
     };
     let (settle, rx) = mpsc::unbounded_channel();
-    let settler = tokio::spawn(settle_loop(channel.clone(), rx));
+    let unacked = Arc::new(AtomicUsize::new(0));
+    let settler = tokio::spawn(settle_loop(channel.clone(), rx, unacked.clone()));
     Ok(InboundChannel {
         channel,
         lost: CancellationToken::new(),
@@ -239,7 +251,10 @@ pub async fn open_inbound(
         consumer_tag,
         settle,
         settler,
+        unacked,
         reading: reading(inbound),
+        queue: inbound.queue.clone(),
+        telemetry: connector.telemetry().clone(),
     })
 }
 
@@ -294,7 +309,10 @@ impl InboundChannel {
             self.consumer_tag.as_str().into(),
             BasicCancelOptions::default(),
         );
-        let _ = tokio::time::timeout(Duration::from_secs(5), cancel).await;
+        if tokio::time::timeout(STOP_TIMEOUT, cancel).await.is_err() {
+            self.telemetry
+                .consumer_stop_timed_out(&self.queue, STOP_TIMEOUT);
+        }
     }
 
     /// Marks the channel lost: transactions still holding its receipts stop
@@ -308,8 +326,15 @@ impl InboundChannel {
     pub async fn close(self) {
         drop(self.settle);
         drop(self.consumer);
-        let _ = tokio::time::timeout(Duration::from_secs(5), self.settler).await;
-        close_channel(&self.channel, "switchyard: shutdown").await;
+        if tokio::time::timeout(STOP_TIMEOUT, self.settler)
+            .await
+            .is_err()
+        {
+            let unacked = self.unacked.load(Ordering::Relaxed);
+            self.telemetry
+                .inbound_close_timed_out(&self.queue, unacked, STOP_TIMEOUT);
+        }
+        close_channel(&self.channel, "switchyard: shutdown", &self.telemetry).await;
     }
 }
 
@@ -323,9 +348,14 @@ impl InboundChannel {
 /// than this.
 const BEHIND_ACK_DELAY: Duration = Duration::from_millis(20);
 
-/// Applies settlements in delivery order. Ends when every receipt and the
+/// Applies settlements in delivery order, counting in `unacked` the
+/// messages not acked or rejected yet. Ends when every receipt and the
 /// channel handle are gone, after acking everything settled.
-async fn settle_loop(channel: Channel, mut rx: mpsc::UnboundedReceiver<Settle>) {
+async fn settle_loop(
+    channel: Channel,
+    mut rx: mpsc::UnboundedReceiver<Settle>,
+    unacked: Arc<AtomicUsize>,
+) {
     let mut outstanding = Outstanding::default();
     let mut failed = false;
     let mut batch = Vec::new();
@@ -343,6 +373,7 @@ async fn settle_loop(channel: Channel, mut rx: mpsc::UnboundedReceiver<Settle>) 
             () = behind => {
                 behind_due = None;
                 ack_behind(&channel, &mut outstanding, &mut failed).await;
+                unacked.store(outstanding.len(), Ordering::Relaxed);
                 continue;
             }
         };
@@ -376,6 +407,7 @@ async fn settle_loop(channel: Channel, mut rx: mpsc::UnboundedReceiver<Settle>) 
         } else if behind_due.is_none() {
             behind_due = Some(Instant::now() + BEHIND_ACK_DELAY);
         }
+        unacked.store(outstanding.len(), Ordering::Relaxed);
     }
     ack_behind(&channel, &mut outstanding, &mut failed).await;
 }
@@ -427,6 +459,11 @@ impl Outstanding {
 
     fn any_settled(&self) -> bool {
         self.settled > 0
+    }
+
+    /// Messages not acked or rejected yet, settled or not.
+    fn len(&self) -> usize {
+        self.tags.len()
     }
 
     /// Removes the run of settled messages at the head; the last tag of it,
@@ -493,6 +530,7 @@ mod tests {
         out.settle(1);
         assert_eq!(out.take_head(), Some(3), "one multiple ack covers 1 to 3");
         assert!(!out.any_settled());
+        assert_eq!(out.len(), 2, "4 and 5 are not acked yet");
         out.settle(5);
         out.forget(4);
         assert_eq!(out.take_head(), Some(5));

@@ -9,7 +9,8 @@
 //! `header_timeout_ms` (an idle keep-alive connection is closed after as
 //! long) and they must fit in [`MAX_HEADER_BYTES`]; a refused token closes
 //! the connection after its 401. It stops accepting when its stop token is
-//! cancelled and gives open connections a moment to finish.
+//! cancelled and gives open connections a moment to finish; how many were
+//! still open past it is logged.
 
 use super::Ingress;
 use super::answer::Answer;
@@ -141,7 +142,12 @@ impl Listener {
             });
         }
         connections.close();
-        let _ = tokio::time::timeout(DRAIN * 2, connections.wait()).await;
+        if tokio::time::timeout(DRAIN * 2, connections.wait())
+            .await
+            .is_err()
+        {
+            telemetry.connections_left(telemetry::Listener::Ingress, connections.len(), DRAIN * 2);
+        }
     }
 }
 

@@ -100,6 +100,18 @@ impl Telemetry {
         tracing::warn!(%error, "HTTP ingress cannot accept connections; pausing");
     }
 
+    /// `listener` stopped with `open` connections still serving after
+    /// `bound`: it no longer waits for them, and the process may end under
+    /// them.
+    pub fn connections_left(&self, listener: Listener, open: usize, bound: Duration) {
+        tracing::warn!(
+            listener = listener.label(),
+            open,
+            bound_ms = super::millis(bound),
+            "connections still open when the listener stopped; no longer waited for"
+        );
+    }
+
     /// `listener` closed an idle connection to make room for a new one.
     /// Counted, not logged: a flood of idle clients would be one line each.
     pub fn connection_shed(&self, listener: Listener) {

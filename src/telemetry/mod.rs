@@ -479,6 +479,27 @@ impl Telemetry {
         }
     }
 
+    /// A broker did not answer the close of channel `channel` within
+    /// `bound`: it is given up without the broker's answer.
+    pub fn channel_close_timed_out(&self, channel: u16, why: &str, bound: Duration) {
+        tracing::warn!(
+            channel,
+            why,
+            bound_ms = millis(bound),
+            "closing a channel timed out; given up without the broker's answer"
+        );
+    }
+
+    /// A broker did not answer the close of a connection within `bound`:
+    /// it is dropped without the broker's answer.
+    pub fn connection_close_timed_out(&self, why: &str, bound: Duration) {
+        tracing::warn!(
+            why,
+            bound_ms = millis(bound),
+            "closing a connection timed out; dropped without the broker's answer"
+        );
+    }
+
     /// A broker blocked publishing (resource alarm): publishes wait,
     /// consuming pauses.
     pub fn broker_blocked(&self, broker: &str, reason: &str) {
@@ -630,6 +651,30 @@ impl Telemetry {
     /// The inbound consumer was lost and is being reopened.
     pub fn consumer_lost(&self, queue: &str, error: &str) {
         tracing::warn!(queue, error, "inbound consumer lost; reconnecting");
+    }
+
+    /// `basic.cancel` was not answered within `bound`: the consumer is left
+    /// as it is; what the broker still delivers goes back to the queue when
+    /// the channel closes.
+    pub fn consumer_stop_timed_out(&self, queue: &str, bound: Duration) {
+        tracing::warn!(
+            queue,
+            bound_ms = millis(bound),
+            "stopping the inbound consumer timed out; what the broker still delivers goes back \
+             to the queue when the channel closes"
+        );
+    }
+
+    /// The settlements of an inbound channel being closed did not all go
+    /// out within `bound`: the channel closes with `unacked` messages that
+    /// the broker redelivers.
+    pub fn inbound_close_timed_out(&self, queue: &str, unacked: usize, bound: Duration) {
+        tracing::warn!(
+            queue,
+            unacked,
+            bound_ms = millis(bound),
+            "inbound channel closed with messages unacked; the broker redelivers them"
+        );
     }
 
     /// The broker cancelled the consumer on a channel still open: it

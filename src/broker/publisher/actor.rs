@@ -123,7 +123,7 @@ impl Actor {
             .into_iter()
             .flatten()
         {
-            close_channel(&channel, "switchyard: shutdown").await;
+            close_channel(&channel, "switchyard: shutdown", &self.telemetry).await;
         }
     }
 
@@ -317,12 +317,13 @@ impl Actor {
             return;
         };
         let (stop, drain) = (self.stop.clone(), self.endpoint.confirm_timeout);
+        let telemetry = self.telemetry.clone();
         self.background.spawn(async move {
             tokio::select! {
                 () = stop.cancelled() => {}
                 () = tokio::time::sleep(drain) => {}
             }
-            close_channel(&channel, "switchyard: nacked").await;
+            close_channel(&channel, "switchyard: nacked", &telemetry).await;
         });
     }
 
@@ -373,8 +374,9 @@ impl Actor {
                 .mark_down(Down::Channel, &format_args!("no confirm within {limit} ms"));
             self.telemetry
                 .channel_reset(&self.endpoint.name, "confirm timeout");
+            let telemetry = self.telemetry.clone();
             self.background.spawn(async move {
-                close_channel(&channel, "switchyard: confirm timeout").await;
+                close_channel(&channel, "switchyard: confirm timeout", &telemetry).await;
             });
         }
     }

@@ -157,7 +157,7 @@ where
     let result = within_unblocked(op(channel.clone()), OP_TIMEOUT, connector.blocking())
         .await
         .ok_or(());
-    close_channel(&channel, "done").await;
+    close_channel(&channel, "done", connector.telemetry()).await;
     match result {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(e)) => Err(match e.kind() {
