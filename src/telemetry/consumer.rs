@@ -1,0 +1,60 @@
+//! The inbound consumer: lost, cancelled, moving node, stopping, and
+//! consuming again.
+
+use super::{Telemetry, millis};
+use std::time::Duration;
+
+impl Telemetry {
+    /// The inbound consumer was lost and is being reopened.
+    pub fn consumer_lost(&self, queue: &str, error: &str) {
+        tracing::warn!(queue, error, "inbound consumer lost; reconnecting");
+    }
+
+    /// `basic.cancel` was not answered within `bound`: the consumer is left
+    /// as it is; what the broker still delivers goes back to the queue when
+    /// the channel closes.
+    pub fn consumer_stop_timed_out(&self, queue: &str, bound: Duration) {
+        tracing::warn!(
+            queue,
+            bound_ms = millis(bound),
+            "stopping the inbound consumer timed out; what the broker still delivers goes back \
+             to the queue when the channel closes"
+        );
+    }
+
+    /// The settlements of an inbound channel being closed did not all go
+    /// out within `bound`: the channel closes with `unacked` messages that
+    /// the broker redelivers.
+    pub fn inbound_close_timed_out(&self, queue: &str, unacked: usize, bound: Duration) {
+        tracing::warn!(
+            queue,
+            unacked,
+            bound_ms = millis(bound),
+            "inbound channel closed with messages unacked; the broker redelivers them"
+        );
+    }
+
+    /// The broker cancelled the consumer on a channel still open: it
+    /// consumes again once the messages it holds have settled there.
+    pub fn consumer_cancelled(&self, queue: &str) {
+        tracing::warn!(
+            queue,
+            "inbound consumer cancelled by the broker (a quorum queue moving its leader, or the \
+             queue deleted); consuming again once its messages have settled"
+        );
+    }
+
+    /// The consumer's broker connection moved to a more preferred node: the
+    /// consumer stops, lets its messages settle, and consumes there.
+    pub fn consumer_moving(&self, queue: &str) {
+        tracing::info!(
+            queue,
+            "consumer moving to a more preferred node once its messages have settled"
+        );
+    }
+
+    /// The inbound consumer is (again) consuming.
+    pub fn consuming(&self, queue: &str, prefetch: u16) {
+        tracing::info!(queue, prefetch, "consuming");
+    }
+}
