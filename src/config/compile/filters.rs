@@ -54,6 +54,7 @@ impl<'a> FilterCompiler<'a> {
         Ok(compiled)
     }
 
+    // One arm per filter kind: kept whole so the kinds read side by side.
     fn compile_one(&mut self, name: &str, f: &RawFilter) -> Result<Filter> {
         let key = |k: &str| format!("filters.{name}.{k}");
         Ok(match f {

@@ -14,17 +14,14 @@ use super::error::InvalidKey;
 use super::ingress::listen_address;
 use super::raw::{RawConfig, RawSessions};
 use super::{Sessions, Settings};
-use crate::destination::{Endpoint, QueueType};
 use crate::routing::RoutingTable;
 use brokers::compile_brokers;
-use endpoints::check_endpoint_loop;
-use filters::FilterCompiler;
-use queue::{compile_queue, queue_type};
+use endpoints::{check_backup_lists, compile_endpoints};
+use queue::queue_side;
 use shared::{Result, names};
-use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
-use table::compile_entry;
+use table::compile_table;
 
 /// Validates `raw` and resolves every name in it.
 pub fn compile(raw: &RawConfig) -> Result<Settings> {
@@ -43,132 +40,12 @@ pub fn compile(raw: &RawConfig) -> Result<Settings> {
         }
     };
 
-    let queue = match (&raw.inbound, &raw.dead_letter) {
-        (Some(inbound), Some(dead_letter)) => Some(compile_queue(
-            inbound,
-            dead_letter,
-            &brokers,
-            &known_broker,
-        )?),
-        (Some(_), None) => {
-            return Err(InvalidKey::new(
-                "dead_letter",
-                "missing; add a [dead_letter] table (where messages go when they cannot be \
-                 forwarded)",
-            ));
-        }
-        (None, Some(_)) => {
-            return Err(InvalidKey::new(
-                "dead_letter",
-                "applies only with [inbound]; remove it, or add the [inbound] queue to consume",
-            ));
-        }
-        (None, None) if raw.ingress.http.is_none() => {
-            return Err(InvalidKey::new(
-                "inbound",
-                "missing; add an [inbound] queue to consume, an [ingress.http] listener, or both",
-            ));
-        }
-        (None, None) => None,
-    };
+    let queue = queue_side(raw, &brokers, &known_broker)?;
     let prefetch = queue.as_ref().map(|(inbound, _)| inbound.prefetch);
 
-    let mut endpoints = BTreeMap::new();
-    for (name, e) in &raw.endpoints {
-        let key = |k: &str| format!("endpoints.{name}.{k}");
-        known_broker(&key("broker"), &e.broker)?;
-        if e.confirm_timeout_ms == 0 {
-            return Err(InvalidKey::new(
-                key("confirm_timeout_ms"),
-                "must be greater than 0",
-            ));
-        }
-        if e.exchange.is_empty() && e.routing_key.is_empty() {
-            return Err(InvalidKey::new(
-                key("routing_key"),
-                "must name the destination queue when exchange is the default exchange (\"\")",
-            ));
-        }
-        if e.probe_interval_ms == 0 {
-            return Err(InvalidKey::new(
-                key("probe_interval_ms"),
-                "must be greater than 0",
-            ));
-        }
-        check_endpoint_loop(name, e, raw, &brokers)?;
-        let declare_queue_type = match (&e.declare_queue_type, &e.declare_queue) {
-            (None, _) => QueueType::Classic,
-            (Some(_), None) => {
-                return Err(InvalidKey::new(
-                    key("declare_queue_type"),
-                    "applies only with declare_queue; set declare_queue or remove it",
-                ));
-            }
-            (Some(t), Some(_)) => queue_type(&key("declare_queue_type"), t)?,
-        };
-        endpoints.insert(
-            name.clone(),
-            Arc::new(Endpoint {
-                name: name.clone(),
-                broker: e.broker.clone(),
-                exchange: e.exchange.clone(),
-                routing_key: e.routing_key.clone(),
-                declare_queue: e.declare_queue.clone(),
-                confirm_timeout: Duration::from_millis(e.confirm_timeout_ms),
-                retries: e.retries,
-                headers: e.headers.clone().into_iter().collect(),
-                declare_queue_type,
-                probe_interval: Duration::from_millis(e.probe_interval_ms),
-            }),
-        );
-    }
-
-    for (list, members) in &raw.backup_lists {
-        if members.is_empty() {
-            return Err(InvalidKey::new(
-                format!("backup_lists.{list}"),
-                "is empty; list at least one endpoint or remove it",
-            ));
-        }
-        for (i, member) in members.iter().enumerate() {
-            if !endpoints.contains_key(member) {
-                return Err(InvalidKey::new(
-                    format!("backup_lists.{list}[{i}]"),
-                    format!(
-                        "unknown endpoint \"{member}\" (defined: {})",
-                        names(&endpoints)
-                    ),
-                ));
-            }
-        }
-    }
-
-    let mut filters = FilterCompiler::new(&raw.filters);
-    for name in raw.filters.keys() {
-        filters.compile(name)?;
-    }
-
-    if raw.filter_table.is_empty() {
-        return Err(InvalidKey::new(
-            "filter_table",
-            "has no entries; add at least one [[filter_table]]",
-        ));
-    }
-    let mut branches = Vec::new();
-    let mut seen_names = HashSet::new();
-    for (i, entry) in raw.filter_table.iter().enumerate() {
-        let branch = compile_entry(i, entry, raw, &endpoints, &mut filters)?;
-        if !seen_names.insert(branch.name().to_owned()) {
-            return Err(InvalidKey::new(
-                format!("filter_table[{i}].name"),
-                format!(
-                    "branch name \"{}\" is used twice; names must be unique",
-                    branch.name()
-                ),
-            ));
-        }
-        branches.push(branch);
-    }
+    let endpoints = compile_endpoints(raw, &brokers, &known_broker)?;
+    check_backup_lists(raw, &endpoints)?;
+    let branches = compile_table(raw, &endpoints)?;
 
     let sessions = compile_sessions(&raw.sessions, prefetch)?;
     let admin_listen = match &raw.admin.listen {

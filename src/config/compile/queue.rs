@@ -2,14 +2,48 @@
 //! the queue types they and endpoints declare.
 
 use super::shared::Result;
-use crate::config::raw::{RawDeadLetter, RawInbound};
+use crate::config::raw::{RawConfig, RawDeadLetter, RawInbound};
 use crate::config::{BrokerSpec, Inbound, InvalidKey};
 use crate::destination::{DeadLetter, DeadLetterMode, QueueType};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+/// `[inbound]` and `[dead_letter]` together, or neither for a forwarder
+/// fed by the HTTP ingress alone.
+pub(super) fn queue_side(
+    raw: &RawConfig,
+    brokers: &BTreeMap<String, Arc<BrokerSpec>>,
+    known_broker: &dyn Fn(&str, &str) -> Result<()>,
+) -> Result<Option<(Inbound, DeadLetter)>> {
+    Ok(match (&raw.inbound, &raw.dead_letter) {
+        (Some(inbound), Some(dead_letter)) => {
+            Some(compile_queue(inbound, dead_letter, brokers, known_broker)?)
+        }
+        (Some(_), None) => {
+            return Err(InvalidKey::new(
+                "dead_letter",
+                "missing; add a [dead_letter] table (where messages go when they cannot be \
+                 forwarded)",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(InvalidKey::new(
+                "dead_letter",
+                "applies only with [inbound]; remove it, or add the [inbound] queue to consume",
+            ));
+        }
+        (None, None) if raw.ingress.http.is_none() => {
+            return Err(InvalidKey::new(
+                "inbound",
+                "missing; add an [inbound] queue to consume, an [ingress.http] listener, or both",
+            ));
+        }
+        (None, None) => None,
+    })
+}
+
 /// `[inbound]` and `[dead_letter]`: the queue side of the forwarder.
-pub(super) fn compile_queue(
+fn compile_queue(
     raw: &RawInbound,
     dead_letter: &RawDeadLetter,
     brokers: &BTreeMap<String, Arc<BrokerSpec>>,

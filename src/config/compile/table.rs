@@ -11,7 +11,42 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub(super) fn compile_entry(
+/// Every named filter, then `[[filter_table]]`: at least one entry, and
+/// each branch's name used once.
+pub(super) fn compile_table(
+    raw: &RawConfig,
+    endpoints: &BTreeMap<String, Arc<Endpoint>>,
+) -> Result<Vec<Branch>> {
+    let mut filters = FilterCompiler::new(&raw.filters);
+    for name in raw.filters.keys() {
+        filters.compile(name)?;
+    }
+
+    if raw.filter_table.is_empty() {
+        return Err(InvalidKey::new(
+            "filter_table",
+            "has no entries; add at least one [[filter_table]]",
+        ));
+    }
+    let mut branches = Vec::new();
+    let mut seen_names = HashSet::new();
+    for (i, entry) in raw.filter_table.iter().enumerate() {
+        let branch = compile_entry(i, entry, raw, endpoints, &mut filters)?;
+        if !seen_names.insert(branch.name().to_owned()) {
+            return Err(InvalidKey::new(
+                format!("filter_table[{i}].name"),
+                format!(
+                    "branch name \"{}\" is used twice; names must be unique",
+                    branch.name()
+                ),
+            ));
+        }
+        branches.push(branch);
+    }
+    Ok(branches)
+}
+
+fn compile_entry(
     i: usize,
     entry: &RawFilterEntry,
     raw: &RawConfig,
@@ -30,6 +65,39 @@ pub(super) fn compile_entry(
         ));
     }
     let filter = filters.compile(&entry.filter)?;
+    let list = branch_list(entry, raw, endpoints, &key)?;
+    let strategy = branch_strategy(entry, &key)?;
+    let outage = branch_outage(entry, &key)?;
+    let name = match &entry.name {
+        Some(n) if n.trim().is_empty() => {
+            return Err(InvalidKey::new(
+                key("name"),
+                "must not be empty; omit it for the default",
+            ));
+        }
+        Some(n) => n.clone(),
+        None => format!("{}->{}", entry.filter, entry.endpoint),
+    };
+    Ok(Branch::new(
+        name,
+        entry.filter.clone(),
+        filter,
+        entry.priority,
+        list,
+        strategy,
+    )
+    .with_required(entry.required)
+    .with_outage(outage))
+}
+
+/// A branch's endpoint list: its endpoint, then the members of its backup
+/// list, each once.
+fn branch_list(
+    entry: &RawFilterEntry,
+    raw: &RawConfig,
+    endpoints: &BTreeMap<String, Arc<Endpoint>>,
+    key: &dyn Fn(&str) -> String,
+) -> Result<Vec<Arc<Endpoint>>> {
     let first = endpoints.get(&entry.endpoint).ok_or_else(|| {
         InvalidKey::new(
             key("endpoint"),
@@ -51,7 +119,7 @@ pub(super) fn compile_entry(
                 ),
             )
         })?;
-        // Members were checked against `endpoints` above.
+        // Members were checked against `endpoints` by `check_backup_lists`.
         list.extend(members.iter().filter_map(|m| endpoints.get(m).cloned()));
     }
     let mut seen = HashSet::new();
@@ -64,7 +132,12 @@ pub(super) fn compile_entry(
             ),
         ));
     }
-    let strategy = match entry.strategy.as_str() {
+    Ok(list)
+}
+
+/// How a branch walks its list: `failover` or `round_robin`.
+fn branch_strategy(entry: &RawFilterEntry, key: &dyn Fn(&str) -> String) -> Result<Strategy> {
+    Ok(match entry.strategy.as_str() {
         "failover" => Strategy::Failover,
         "round_robin" => Strategy::RoundRobin,
         other => {
@@ -73,8 +146,13 @@ pub(super) fn compile_entry(
                 format!("unknown strategy \"{other}\" (expected \"failover\" or \"round_robin\")"),
             ));
         }
-    };
-    let outage = match (entry.outage.as_str(), entry.outage_timeout_ms) {
+    })
+}
+
+/// What a branch does when an outage exhausts its list: `wait`, or
+/// `dead_letter` at once or after `outage_timeout_ms`.
+fn branch_outage(entry: &RawFilterEntry, key: &dyn Fn(&str) -> String) -> Result<Outage> {
+    Ok(match (entry.outage.as_str(), entry.outage_timeout_ms) {
         (_, Some(0)) => {
             return Err(InvalidKey::new(
                 key("outage_timeout_ms"),
@@ -98,25 +176,5 @@ pub(super) fn compile_entry(
                 format!("unknown outage \"{other}\" (expected \"dead_letter\" or \"wait\")"),
             ));
         }
-    };
-    let name = match &entry.name {
-        Some(n) if n.trim().is_empty() => {
-            return Err(InvalidKey::new(
-                key("name"),
-                "must not be empty; omit it for the default",
-            ));
-        }
-        Some(n) => n.clone(),
-        None => format!("{}->{}", entry.filter, entry.endpoint),
-    };
-    Ok(Branch::new(
-        name,
-        entry.filter.clone(),
-        filter,
-        entry.priority,
-        list,
-        strategy,
-    )
-    .with_required(entry.required)
-    .with_outage(outage))
+    })
 }
