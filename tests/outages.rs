@@ -108,15 +108,7 @@ const FLOWING: u64 = 100;
 
 /// Copies the service branch holds on `node`, primary and backup.
 async fn service_copies(node: &PrivateNode, p: &str) -> u64 {
-    let out = node
-        .rabbitmqctl(&[
-            "list_queues",
-            "--silent",
-            "name",
-            "messages_ready",
-            "messages_unacknowledged",
-        ])
-        .await;
+    let out = node.queue_table().await;
     [format!("{p}.service"), format!("{p}.service.backup")]
         .iter()
         .filter_map(|queue| ready_unacked_in(&out, queue))
