@@ -56,6 +56,7 @@ pub mod errors;
 pub mod ingress;
 pub mod listen;
 pub mod pipeline;
+mod recent;
 pub mod reload;
 pub mod routing;
 pub mod telemetry;

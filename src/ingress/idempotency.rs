@@ -5,14 +5,15 @@
 //! record; the same key with another request is a conflict; a retry while
 //! the first try still runs waits for it.
 //!
-//! Memory is bounded: a key is forgotten `idempotency_ttl_ms` after its
-//! last use, and past `idempotency_max_keys` the oldest is forgotten first.
-//! A record keeps its key once (shared by the map and the order of use)
-//! and no copy of the answer, which is made again from the key and the
-//! branches; tests/http_key_memory.rs measures what a key costs. Records
-//! live in this process only.
+//! Memory is bounded ([`crate::recent`], the map closed sessions use too):
+//! a key is forgotten `idempotency_ttl_ms` after its last use, and past
+//! `idempotency_max_keys` the least recently used is forgotten first (never
+//! one whose try runs). A record keeps its key once and no copy of the
+//! answer, which is made again from the key and the branches;
+//! tests/http_key_memory.rs measures what a key costs. Records live in
+//! this process only.
 
-use std::collections::{HashMap, VecDeque};
+use crate::recent::Recent;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -21,17 +22,8 @@ use tokio::time::Instant;
 /// The remembered keys. Cheap to clone.
 #[derive(Clone)]
 pub struct Records {
-    inner: Arc<Mutex<Inner>>,
+    inner: Arc<Mutex<Recent<Record>>>,
     ttl: Duration,
-    max: usize,
-}
-
-#[derive(Default)]
-struct Inner {
-    by_key: HashMap<Arc<str>, Record>,
-    /// Keys by last use, oldest first; an entry whose time is not its
-    /// record's any more is stale and skipped.
-    order: VecDeque<(Instant, Arc<str>)>,
 }
 
 struct Record {
@@ -40,9 +32,9 @@ struct Record {
     /// Whether a try confirmed every branch.
     complete: bool,
     /// Set while a try runs; set to true when it ends. A waiter subscribes
-    /// under the lock, so it cannot miss the end.
+    /// under the lock, so it cannot miss the end. A running key is never
+    /// forgotten.
     running: Option<watch::Sender<bool>>,
-    used: Instant,
 }
 
 /// What a request with a key may do.
@@ -70,22 +62,21 @@ impl Records {
     /// Records kept `ttl` after last use, at most `max` of them.
     pub fn new(ttl: Duration, max: usize) -> Self {
         Self {
-            inner: Arc::default(),
+            inner: Arc::new(Mutex::new(Recent::new(max))),
             ttl,
-            max,
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Inner> {
+    fn lock(&self) -> MutexGuard<'_, Recent<Record>> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Starts a try of `key` for a request whose digest is `digest`.
     pub fn begin(&self, key: &str, digest: uuid::Uuid) -> Begin {
         let now = Instant::now();
-        let mut inner = self.lock();
-        inner.forget_old(now, self.ttl, self.max);
-        if let Some(record) = inner.by_key.get_mut(key) {
+        let mut records = self.lock();
+        records.forget(now, self.ttl, |r| r.running.is_some());
+        if let Some(record) = records.get_mut(key) {
             if record.digest != digest {
                 return Begin::Conflict;
             }
@@ -96,24 +87,20 @@ impl Records {
                 return Begin::Complete(record.delivered.clone());
             }
             record.running = Some(watch::Sender::new(false));
-            record.used = now;
             let skip = record.delivered.clone();
-            let key = inner.shared(key);
-            inner.order.push_back((now, key.clone()));
+            records.touch(key, now);
+            let key = records.key(key).unwrap_or_else(|| key.into());
             return Begin::Deliver(self.ticket(key), skip);
         }
         let key: Arc<str> = key.into();
-        inner.by_key.insert(
-            key.clone(),
-            Record {
-                digest,
-                delivered: Vec::new(),
-                complete: false,
-                running: Some(watch::Sender::new(false)),
-                used: now,
-            },
-        );
-        inner.order.push_back((now, key.clone()));
+        let record = Record {
+            digest,
+            delivered: Vec::new(),
+            complete: false,
+            running: Some(watch::Sender::new(false)),
+        };
+        records.insert(key.clone(), record, now);
+        records.forget(now, self.ttl, |r| r.running.is_some());
         Begin::Deliver(self.ticket(key), Vec::new())
     }
 
@@ -127,39 +114,12 @@ impl Records {
 
     /// How many keys are remembered.
     pub fn len(&self) -> usize {
-        self.lock().by_key.len()
+        self.lock().len()
     }
 
     /// Whether no key is remembered.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-}
-
-impl Inner {
-    /// The map's own copy of `key`, which must be remembered.
-    fn shared(&self, key: &str) -> Arc<str> {
-        self.by_key
-            .get_key_value(key)
-            .map_or_else(|| key.into(), |(k, _)| k.clone())
-    }
-
-    fn forget_old(&mut self, now: Instant, ttl: Duration, max: usize) {
-        while let Some((used, key)) = self.order.front() {
-            let current = self.by_key.get(key).map(|r| r.used);
-            if current != Some(*used) {
-                self.order.pop_front();
-                continue;
-            }
-            let expired = now.saturating_duration_since(*used) > ttl;
-            let running = self.by_key.get(key).is_some_and(|r| r.running.is_some());
-            if !(expired || self.by_key.len() >= max) || running {
-                break;
-            }
-            if let Some((_, key)) = self.order.pop_front() {
-                self.by_key.remove(&key);
-            }
-        }
     }
 }
 
@@ -172,10 +132,9 @@ impl Ticket {
     }
 
     fn end(&self, delivered: &[String], complete: bool) {
-        let mut inner = self.records.lock();
-        let now = Instant::now();
+        let mut records = self.records.lock();
         let nothing = delivered.is_empty() && !complete;
-        let Some(record) = inner.by_key.get_mut(&*self.key) else {
+        let Some(record) = records.get_mut(&self.key) else {
             return;
         };
         for branch in delivered {
@@ -187,12 +146,11 @@ impl Ticket {
         if let Some(running) = record.running.take() {
             running.send_replace(true);
         }
-        record.used = now;
         // A first try that confirmed nothing leaves nothing to remember.
         if nothing && record.delivered.is_empty() {
-            inner.by_key.remove(&*self.key);
+            records.remove(&self.key);
         } else {
-            inner.order.push_back((now, self.key.clone()));
+            records.touch(&self.key, Instant::now());
         }
     }
 }
