@@ -178,14 +178,14 @@ impl Ingress {
         let lost = CancellationToken::new();
         // The caller gone or out of time: no new attempt starts.
         let _stop_on_drop = lost.clone().drop_guard();
-        let submitted = match self.intake.submit(envelope, &skip, lost.clone()) {
-            Ok(submitted) => submitted,
+        let delivery = match self.intake.submit(envelope, &skip, lost.clone()) {
+            Ok(delivery) => delivery,
             Err(why) => return Answer::not_taken(&id, &why),
         };
         let (tell, told) = oneshot::channel();
         let message_id = id.clone();
         self.intake.spawn(async move {
-            let answer = match submitted.delivery.await {
+            let answer = match delivery.await {
                 Ok(outcome) => {
                     let now: Vec<String> = outcome.delivered().map(|b| b.to_string()).collect();
                     let earlier_and_now = [skip, now.clone()].concat();

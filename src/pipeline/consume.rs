@@ -18,7 +18,8 @@
 //! and opens the new consumer with a fresh `prefetch` of permits, so no
 //! message is lost or acked twice.
 
-use super::engine::{self, spawn_held};
+use super::admit::{Admission, admit};
+use super::engine::spawn_held;
 use super::generation::Generation;
 use super::live::Live;
 use super::outcome::Verdict;
@@ -314,8 +315,9 @@ async fn next_reload(reloads: &mut Option<mpsc::Receiver<Reload>>) -> Reload {
     std::future::pending().await
 }
 
-/// Screens and routes one message under the live generation and starts its
-/// transaction, which holds `permit` and that generation until it ends.
+/// Admits one message under the live generation and starts its
+/// transaction, which holds `permit` and that generation until it ends; a
+/// message of a session goes to its session.
 fn dispatch(
     consumer: &Consumer,
     envelope: Envelope,
@@ -330,23 +332,24 @@ fn dispatch(
     }
     let envelope = Arc::new(envelope);
     let generation = consumer.live.current();
-    let refused = generation.screen.check(&envelope).or_else(|| {
-        let config = generation.settings.sessions.as_ref()?;
-        sessions::oversized_id(&envelope, config)
-    });
-    if let Some((id, session_generation)) = consumer.sessions.member(&envelope, &generation) {
-        let arrival = sessions::Arrival {
-            envelope,
-            receipt,
-            permit,
-            refused,
-        };
-        consumer.sessions.admit(id, arrival, &session_generation);
-        return;
-    }
-    let started = engine::route(&generation.settings.routing, &envelope, refused)
-        .map(|plans| generation.engine.start(&envelope, plans))
-        .map_err(Verdict::barred);
+    let started = match admit(&generation, &envelope, &consumer.sessions) {
+        Admission::Session {
+            id,
+            generation,
+            barred,
+        } => {
+            let arrival = sessions::Arrival {
+                envelope,
+                receipt,
+                permit,
+                refused: barred,
+            };
+            consumer.sessions.admit(id, arrival, &generation);
+            return;
+        }
+        Admission::Route(plans) => Ok(generation.engine.start(&envelope, plans)),
+        Admission::Barred(barred) => Err(Verdict::barred(barred)),
+    };
     let in_flight = telemetry.transaction_started();
     let transaction = async move {
         let verdict = match started {

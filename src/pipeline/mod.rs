@@ -25,6 +25,7 @@
 //! [`Readiness`] says whether it is serving: consuming, with an endpoint up
 //! on every branch.
 
+mod admit;
 mod consume;
 pub mod engine;
 mod generation;
@@ -92,7 +93,7 @@ pub struct Forwarder {
     /// Open sessions, sessions waiting for a slot, recently closed ones.
     sessions: sessions::Sessions,
     /// The HTTP ingress's sessions, shared by every intake handle.
-    http_sessions: intake::HttpSessions,
+    http_sessions: sessions::HttpSessions,
     /// A permanent refusal at start ends `run` instead of being retried.
     fail_fast: bool,
     telemetry: Telemetry,
@@ -109,7 +110,12 @@ impl Forwarder {
             live: Arc::new(Live::new(settings, common)),
             reloads: None,
             sessions: sessions::Sessions::new(tracker.clone(), abandon.clone(), telemetry.clone()),
-            http_sessions: intake::HttpSessions::new(telemetry.clone()),
+            http_sessions: sessions::HttpSessions::new(
+                tracker.clone(),
+                abandon.clone(),
+                telemetry.clone(),
+                admit::route_for_caller,
+            ),
             tracker,
             abandon,
             consuming: Arc::new(AtomicBool::new(false)),

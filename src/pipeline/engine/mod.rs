@@ -5,7 +5,6 @@
 //! set (the `sessions` module drives it). Every failover rule, retry,
 //! suspect isolation, outage wait and replay is written once, there.
 //!
-//! - [`route`]: the one place a message is screened and routed.
 //! - [`Engine::start`] submits every branch's first attempt of a run of one
 //!   at once, in the order messages arrive, so the happy path keeps inbound
 //!   order per endpoint; [`Started::finish`] then runs the branches
@@ -26,10 +25,10 @@ mod tests;
 pub use outage::Outages;
 pub use walk::{BranchRun, Walk};
 
-use super::outcome::{Barred, BranchOutcome, Outcome};
+use super::outcome::{BranchOutcome, Outcome};
 use crate::broker::{Attempt, Publish};
 use crate::envelope::Envelope;
-use crate::routing::{BranchPlan, RoutingTable};
+use crate::routing::BranchPlan;
 use crate::telemetry::Telemetry;
 use futures_util::future::join_all;
 use std::future::Future;
@@ -77,25 +76,6 @@ impl Engine {
             envelope: envelope.clone(),
             branches,
         }
-    }
-}
-
-/// The branches `envelope` takes, or why it is not to be forwarded: the
-/// screen's bar (`barred`), or `no-route` (saying when a body filter could
-/// not parse the body).
-pub fn route(
-    routing: &RoutingTable,
-    envelope: &Envelope,
-    barred: Option<Barred>,
-) -> Result<Vec<BranchPlan>, Barred> {
-    if let Some(barred) = barred {
-        return Err(barred);
-    }
-    let (plans, unparsable_body) = routing.route_reading_body(envelope);
-    if plans.is_empty() {
-        Err(Barred::NoRoute { unparsable_body })
-    } else {
-        Ok(plans)
     }
 }
 

@@ -411,39 +411,3 @@ async fn nacks_while_the_broker_settles_are_retried_on_the_same_endpoint_with_co
         None
     );
 }
-
-/// A no-route says when the body parsed as none of the formats body
-/// filters asked for, and which; a body that parsed as one and matched
-/// nothing, or no body filter, says nothing of the body.
-#[test]
-fn a_no_route_says_which_format_the_body_did_not_parse_as() {
-    use crate::pipeline::outcome::Barred;
-    use crate::pipeline::testkit::{load, settings_toml};
-    use crate::routing::Unparsable;
-    let json = "[filters.body]\ntype = \"json\"\npointer = \"/kind\"\nequals = \"order\"\n";
-    let xpath = "[filters.body]\ntype = \"xpath\"\nexpression = \"/order\"\n";
-    let either = "[filters.body]\ntype = \"or\"\nfilters = [\"j\", \"x\"]\n\
-                  [filters.j]\ntype = \"json\"\npointer = \"/kind\"\nexists = true\n\
-                  [filters.x]\ntype = \"xpath\"\nexpression = \"/order\"\n";
-    let header = "[filters.body]\ntype = \"header\"\nheader = \"kind\"\nexists = true\n";
-    let cases = [
-        (json, "not json", Some(Unparsable::Json)),
-        (json, "{\"kind\": \"invoice\"}", None),
-        (xpath, "not xml", Some(Unparsable::Xml)),
-        (xpath, "<invoice/>", None),
-        (either, "neither", Some(Unparsable::JsonAndXml)),
-        (either, "{}", None),
-        (either, "<invoice/>", None),
-        (header, "not json", None),
-    ];
-    for (filters, body, expected) in cases {
-        let toml =
-            settings_toml(&["a"], "service", "").replace("filter = \"all\"", "filter = \"body\"");
-        let settings = load(&format!("{toml}\n{filters}"));
-        let routed = super::route(&settings.routing, &envelope(body, &[]), None);
-        let Err(Barred::NoRoute { unparsable_body }) = routed else {
-            panic!("{body}: expected no route");
-        };
-        assert_eq!(unparsable_body, expected, "{body} through\n{filters}");
-    }
-}

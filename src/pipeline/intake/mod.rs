@@ -4,27 +4,27 @@
 //! the caller instead of to settlement: nothing they send is ever acked or
 //! dead-lettered, the caller holds the outcome.
 //!
-//! [`Intake::submit`] screens and routes one envelope, leaving out branches
-//! the caller already has confirmed (a retry), and returns the rest of its
+//! [`Intake::submit`] admits one envelope through [`admit`] (the queue's
+//! screen, session membership and filter table), leaving out branches the
+//! caller already has confirmed (a retry), and returns the rest of its
 //! delivery as a future that the caller runs (on [`Intake::spawn`], so
 //! shutdown waits for it). Two rules differ from the queue's, because a
-//! caller is waiting: a branch whose whole list is down ends at once as an
-//! outage (the caller is told to come back) rather than holding, and
+//! caller is waiting: a barred message is refused on its own (its session,
+//! if any, goes on), and a branch whose whole list is down ends at once as
+//! an outage (the caller is told to come back) rather than holding;
 //! cancelling the `lost` token (the caller's deadline) starts no new
-//! attempt. A message of a session goes to [`sessions`], which delivers
-//! each session's messages one at a time, in order, each branch a run that
-//! keeps its endpoint and replays on failover.
+//! attempt. A message of a session goes to the HTTP sessions
+//! ([`HttpSessions`]), which deliver each session's messages one at a
+//! time, in order.
 
-mod sessions;
 mod submission;
 
-pub use sessions::HttpSessions;
-pub use submission::{Delivery, NotTaken, Submitted};
+pub use submission::{Delivery, NotTaken};
 
-use submission::plans;
-
+use super::admit::{Admission, admit, for_caller};
 use super::engine::held;
 use super::live::Live;
+use super::sessions::HttpSessions;
 use crate::envelope::Envelope;
 use std::future::Future;
 use std::sync::Arc;
@@ -62,15 +62,15 @@ impl Intake {
         }
     }
 
-    /// Screens and routes `envelope` under the live generation, leaving out
-    /// the branches `skip` names, and puts the first attempts on the wire.
-    /// `lost` cancelled: no new attempt starts.
+    /// Admits `envelope` under the live generation, leaving out the
+    /// branches `skip` names, and puts the first attempts of an independent
+    /// message on the wire. `lost` cancelled: no new attempt starts.
     pub fn submit(
         &self,
         envelope: Envelope,
         skip: &[String],
         lost: CancellationToken,
-    ) -> Result<Submitted, NotTaken> {
+    ) -> Result<Delivery, NotTaken> {
         if !self.prepared.load(Ordering::Acquire) {
             return Err(NotTaken::Starting);
         }
@@ -79,22 +79,32 @@ impl Intake {
             return Err(NotTaken::Blocked);
         }
         let envelope = Arc::new(envelope);
-        if let Some(barred) = generation.screen.check(&envelope) {
-            return Err(NotTaken::Barred(barred));
-        }
-        if let Some(config) = generation.settings.sessions.as_ref() {
-            if let Some(barred) = super::sessions::oversized_id(&envelope, config) {
-                return Err(NotTaken::Barred(barred));
+        match admit(&generation, &envelope, &self.sessions) {
+            Admission::Barred(barred)
+            | Admission::Session {
+                barred: Some(barred),
+                ..
+            } => Err(NotTaken::Barred(barred)),
+            Admission::Session {
+                id,
+                generation,
+                barred: None,
+            } => {
+                let answer = self.sessions.submit(id, envelope, &generation, lost)?;
+                Ok(Box::pin(async move { Ok(answer.await?) }))
             }
-            if let Some(id) = super::sessions::session_id(&envelope, config) {
-                return self.sessions.submit(id, envelope, generation.clone(), lost);
+            Admission::Route(plans) => {
+                let plans = plans
+                    .into_iter()
+                    .filter(|p| !skip.iter().any(|s| **s == *p.name))
+                    .map(for_caller)
+                    .collect();
+                let started = generation.engine.start(&envelope, plans);
+                Ok(Box::pin(async move {
+                    Ok(started.finish(&generation.engine, &lost).await)
+                }))
             }
         }
-        let plans = plans(&generation, &envelope, skip)?;
-        let branches = plans.iter().map(|p| p.name.clone()).collect();
-        let started = generation.engine.start(&envelope, plans);
-        let delivery = Box::pin(async move { Ok(started.finish(&generation.engine, &lost).await) });
-        Ok(Submitted { branches, delivery })
     }
 
     /// Runs `work` as a task the forwarder waits for at shutdown, within

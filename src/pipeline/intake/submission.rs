@@ -1,13 +1,10 @@
-//! What [`super::Intake::submit`] answers (a delivery to run, or why the
-//! message was not taken) and the branches a submitted message takes.
+//! What [`super::Intake::submit`] answers: a delivery to run, or why the
+//! message was not taken.
 
-use crate::envelope::Envelope;
-use crate::pipeline::generation::Generation;
 use crate::pipeline::outcome::{Barred, Outcome};
-use crate::routing::{BranchPlan, Outage};
+use crate::pipeline::sessions::Refused;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 
 /// The rest of a delivery: every branch to its outcome.
 pub type Delivery = Pin<Box<dyn Future<Output = Result<Outcome, NotTaken>> + Send>>;
@@ -32,31 +29,12 @@ pub enum NotTaken {
     SessionsFull(u32),
 }
 
-/// A submitted message: the branches it goes to and its delivery.
-pub struct Submitted {
-    /// Branch names, in filter-table order (the skipped ones left out).
-    pub branches: Vec<Arc<str>>,
-    /// Runs every branch to its outcome.
-    pub delivery: Delivery,
-}
-
-/// The branches `envelope` takes under `generation`, less `skip`, each
-/// ending at once on an outage.
-pub(super) fn plans(
-    generation: &Generation,
-    envelope: &Envelope,
-    skip: &[String],
-) -> Result<Vec<BranchPlan>, NotTaken> {
-    let (plans, unparsable_body) = generation.settings.routing.route_reading_body(envelope);
-    if plans.is_empty() {
-        return Err(NotTaken::Barred(Barred::NoRoute { unparsable_body }));
+impl From<Refused> for NotTaken {
+    fn from(refused: Refused) -> Self {
+        match refused {
+            Refused::Barred(barred) => Self::Barred(barred),
+            Refused::Full(max_open) => Self::SessionsFull(max_open),
+            Refused::Stopping => Self::Stopping,
+        }
     }
-    Ok(plans
-        .into_iter()
-        .filter(|p| !skip.iter().any(|s| **s == *p.name))
-        .map(|mut plan| {
-            plan.outage = Outage::DeadLetter { after: None };
-            plan
-        })
-        .collect())
 }

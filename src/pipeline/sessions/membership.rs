@@ -52,15 +52,6 @@ pub(crate) fn is_end(envelope: &Envelope, config: &config::Sessions) -> bool {
     }
 }
 
-/// How a session task ended, for the registry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Closing {
-    /// Completed or dead-lettered: late messages are `session-closed`.
-    Closed,
-    /// Abandoned: the broker redelivers the set, which opens it anew.
-    Abandoned,
-}
-
 /// The `x-switchyard-session` annotation of a session's dead letters.
 pub(super) fn annotation(id: &str) -> Vec<(ShortString, AmqpValue)> {
     vec![(

@@ -16,42 +16,30 @@
 //! runs under the generation (and so the `[sessions]` settings) it opened
 //! with.
 
-use super::membership::{Arrival, Closing, annotation, is_end};
+use super::membership::{Arrival, annotation};
+use super::progress::{Next, Progress, next};
+use super::set::{Closing, Session};
 use crate::broker::Receipt;
-use crate::envelope::Envelope;
-use crate::pipeline::engine::{self, BranchRun, Walk, held};
-use crate::pipeline::generation::Generation;
+use crate::pipeline::admit::route;
+use crate::pipeline::engine::{BranchRun, held};
 use crate::pipeline::outcome::{Barred, Cause, Outcome, Reach, Verdict};
 use crate::telemetry::Telemetry;
-use futures_util::future::join_all;
-use std::sync::Arc;
-use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 
-/// Frees the session's slot in the registry, saying how it closed.
-pub(super) type Release = Box<dyn FnOnce(Closing) + Send + Sync>;
-
 pub(super) struct SessionTask {
-    pub(super) id: Arc<str>,
-    pub(super) generation: Arc<Generation>,
-    pub(super) messages: mpsc::UnboundedReceiver<Arrival>,
-    pub(super) lost: CancellationToken,
-    pub(super) stop: CancellationToken,
+    pub(super) session: Session<Arrival>,
     /// The forwarder's shutdown bound.
     pub(super) abandon: CancellationToken,
     pub(super) telemetry: Telemetry,
-    /// Called once, before the set is settled.
-    pub(super) release: Option<Release>,
 }
 
-/// The messages of the session so far, in arrival order.
+/// What the session holds of its messages until it is settled: the right
+/// to settle each, and the prefetch slots they occupy.
 #[derive(Default)]
-struct Set {
-    envelopes: Vec<Arc<Envelope>>,
+struct Held {
     receipts: Vec<Receipt>,
-    /// Held until the set is settled: the prefetch slots it occupies.
     permits: Vec<OwnedSemaphorePermit>,
-    bytes: u64,
 }
 
 /// How the session ends.
@@ -79,90 +67,83 @@ impl End {
 
 impl SessionTask {
     pub(super) async fn run(mut self) {
-        let mut set = Set::default();
-        let mut branches = Vec::new();
-        let end = self.forward(&mut set, &mut branches).await;
+        let Some(config) = self.session.generation.settings.sessions.clone() else {
+            self.session.release.release(Closing::Abandoned);
+            return;
+        };
+        let mut progress = Progress::new(config);
+        let mut held = Held::default();
+        // The channel the session's messages come on: lost, nothing more of it is settled.
+        let mut lost = CancellationToken::new();
+        let end = self.forward(&mut progress, &mut held, &mut lost).await;
         let closing = match end {
             End::Abandoned => Closing::Abandoned,
             End::Completed | End::DeadLetter(_) => Closing::Closed,
         };
         // Released before settling: a late message meets a closed session.
-        if let Some(release) = self.release.take() {
-            release(closing);
-        }
+        self.session.release.release(closing);
+        let id = self.session.id.clone();
         match end {
             End::Completed => {
-                self.telemetry
-                    .session_completed(&self.id, set.receipts.len());
-                for receipt in set.receipts {
+                self.telemetry.session_completed(&id, held.receipts.len());
+                for receipt in held.receipts {
                     receipt.ack();
                 }
             }
-            End::Abandoned => self
-                .telemetry
-                .session_abandoned(&self.id, set.receipts.len()),
-            End::DeadLetter(cause) => self.dead_letter(set, &branches, cause).await,
+            End::Abandoned => self.telemetry.session_abandoned(&id, held.receipts.len()),
+            End::DeadLetter(cause) => self.dead_letter(progress, held, cause).await,
         }
-        self.late_arrivals(closing).await;
+        self.late_arrivals(closing, &lost).await;
     }
 
     /// Forwards messages as they arrive until the session ends.
-    async fn forward(&mut self, set: &mut Set, branches: &mut Vec<BranchRun>) -> End {
-        let generation = self.generation.clone();
-        let Some(config) = generation.settings.sessions.as_ref() else {
-            return End::Abandoned;
-        };
+    async fn forward(
+        &mut self,
+        progress: &mut Progress,
+        held: &mut Held,
+        lost: &mut CancellationToken,
+    ) -> End {
+        let generation = self.session.generation.clone();
         loop {
-            let next = async {
+            let idle = progress.idle_timeout();
+            let stop = &self.session.stop;
+            let coming = async {
                 tokio::select! {
                     biased;
-                    () = self.stop.cancelled() => None,
-                    () = self.lost.cancelled() => None,
-                    next = tokio::time::timeout(config.idle_timeout, self.messages.recv()) => Some(next),
+                    () = lost.cancelled() => Next::Stopped,
+                    next = next(&mut self.session.items, idle, stop) => next,
                 }
             };
-            let arrival = match held(&self.abandon, next).await.flatten() {
-                None | Some(Ok(None)) => return End::Abandoned,
-                Some(Err(_)) => {
-                    return End::barred(Barred::SessionTimeout {
-                        idle: config.idle_timeout,
-                    });
-                }
-                Some(Ok(Some(arrival))) => arrival,
+            let arrival = match held_or_stopped(&self.abandon, coming).await {
+                Next::Stopped => return End::Abandoned,
+                Next::Idle(idle) => return End::barred(Barred::SessionTimeout { idle }),
+                Next::Item(arrival) => arrival,
             };
-            let refused = arrival.refused.clone();
-            let end = is_end(&arrival.envelope, config);
-            set.push(arrival);
+            let Arrival {
+                envelope,
+                receipt,
+                permit,
+                refused,
+            } = arrival;
+            if held.receipts.is_empty() {
+                *lost = receipt.lost().clone();
+            }
+            held.receipts.push(receipt);
+            held.permits.push(permit);
+            let end = match progress.take(envelope) {
+                Ok(end) => end,
+                Err(barred) => return End::barred(refused.unwrap_or(barred)),
+            };
             if let Some(barred) = refused {
                 return End::barred(barred);
             }
-            if set.envelopes.len() > config.max_messages as usize || set.bytes > config.max_bytes {
-                return End::barred(Barred::SessionTooLarge {
-                    messages: set.envelopes.len(),
-                    bytes: set.bytes,
-                    max_messages: config.max_messages,
-                    max_bytes: config.max_bytes,
-                });
+            let routing = &generation.settings.routing;
+            let routed = progress.route(&generation, |first| route(routing, first));
+            if let Err(barred) = routed {
+                return End::barred(barred);
             }
-            if branches.is_empty() {
-                let routing = &generation.settings.routing;
-                match engine::route(routing, &set.envelopes[0], None) {
-                    Ok(plans) => branches.extend(
-                        plans
-                            .into_iter()
-                            .map(|plan| BranchRun::new(plan, &generation.engine)),
-                    ),
-                    Err(barred) => return End::barred(barred),
-                }
-            }
-            let walk = Walk {
-                engine: &generation.engine,
-                lost: &self.lost,
-                session: Some(&self.id),
-            };
-            let run = &set.envelopes;
-            let outcomes = join_all(branches.iter_mut().map(|b| b.deliver(run, None, &walk))).await;
-            if let Some(ended) = End::of(Outcome { branches: outcomes }.verdict()) {
+            let outcome: Outcome = progress.deliver(&generation, &self.session.id, lost).await;
+            if let Some(ended) = End::of(outcome.verdict()) {
                 return ended;
             }
             if end {
@@ -176,15 +157,13 @@ impl SessionTask {
     /// which do not: a branch that failed holds none of the set, since the
     /// set must reach it whole; the message a whole-set failure stopped at
     /// reached no branch.
-    async fn dead_letter(&self, set: Set, branches: &[BranchRun], cause: Cause) {
+    async fn dead_letter(&self, progress: Progress, holding: Held, cause: Cause) {
+        let id = &self.session.id;
+        let Held { receipts, permits } = holding;
         self.telemetry
-            .session_dead_lettered(&self.id, cause.reason().as_str(), set.receipts.len());
-        let Set {
-            envelopes,
-            receipts,
-            permits,
-            ..
-        } = set;
+            .session_dead_lettered(id, cause.reason().as_str(), receipts.len());
+        let (envelopes, branches) = progress.into_parts();
+        let branches: &[BranchRun] = &branches;
         let letters = envelopes
             .into_iter()
             .zip(receipts)
@@ -208,48 +187,44 @@ impl SessionTask {
                 (envelope, receipt, verdict)
             })
             .collect();
-        let settled = self
-            .generation
-            .settler
-            .settle_set(letters, annotation(&self.id));
+        let settler = &self.session.generation.settler;
+        let settled = settler.settle_set(letters, annotation(id));
         held(&self.abandon, settled).await;
         drop(permits);
     }
 
     /// Settles messages that reached the session after it ended: as
     /// `session-closed` when it closed, back to the queue when abandoned.
-    async fn late_arrivals(&mut self, closing: Closing) {
-        self.messages.close();
-        while let Some(arrival) = self.messages.recv().await {
-            if closing == Closing::Abandoned || self.lost.is_cancelled() {
+    async fn late_arrivals(&mut self, closing: Closing, lost: &CancellationToken) {
+        let Session {
+            id,
+            generation,
+            items,
+            ..
+        } = &mut self.session;
+        items.close();
+        while let Some(arrival) = items.recv().await {
+            if closing == Closing::Abandoned || lost.is_cancelled() {
                 continue;
             }
-            let verdict = Verdict::barred(Barred::SessionEnded {
-                id: self.id.clone(),
-            });
+            let verdict = Verdict::barred(Barred::SessionEnded { id: id.clone() });
             self.telemetry.session_closed_arrival(
-                &self.id,
+                id,
                 arrival.envelope.message_id(),
                 std::time::Duration::ZERO,
             );
-            self.generation
+            generation
                 .settler
-                .settle_with(
-                    &arrival.envelope,
-                    arrival.receipt,
-                    verdict,
-                    annotation(&self.id),
-                )
+                .settle_with(&arrival.envelope, arrival.receipt, verdict, annotation(id))
                 .await;
         }
     }
 }
 
-impl Set {
-    fn push(&mut self, arrival: Arrival) {
-        self.bytes += arrival.envelope.body.len() as u64;
-        self.envelopes.push(arrival.envelope);
-        self.receipts.push(arrival.receipt);
-        self.permits.push(arrival.permit);
-    }
+/// `coming`, unless the shutdown bound `abandon` is reached first.
+async fn held_or_stopped<T>(
+    abandon: &CancellationToken,
+    coming: impl std::future::Future<Output = Next<T>>,
+) -> Next<T> {
+    held(abandon, coming).await.unwrap_or(Next::Stopped)
 }

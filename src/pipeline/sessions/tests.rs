@@ -1,14 +1,18 @@
 //! Sessions against a scripted stand-in for the endpoints, under a paused
-//! clock: the idle timeout, a failover mid-session replayed and acked as a
-//! set, the size limit, the closed-session memory, and what a session's
-//! dead letters record about the branches that hold each message.
+//! clock: the idle timeout, the size limit and the closed-session memory
+//! for both sources (the queue's [`Bench`], the HTTP ingress's
+//! [`Callers`]), a failover mid-session replayed and acked as a set, and
+//! what a session's dead letters record about the branches that hold each
+//! message.
 
-use super::{Arrival, Sessions};
+use super::{Arrival, HttpSessions, Refused, Sessions};
 use crate::amqp::{AmqpValue, FieldTable, Properties};
 use crate::broker::{PublishFailure, Settled, SettledLog};
 use crate::config::Settings;
 use crate::envelope::Envelope;
+use crate::pipeline::admit::{Membership, route_for_caller};
 use crate::pipeline::generation::Generation;
+use crate::pipeline::outcome::{Barred, Outcome};
 use crate::pipeline::testkit::{Call, Reply, Script, envelope, load, settings, settings_toml};
 use crate::telemetry::{Telemetry, sample};
 use crate::wire::{self, Annotations, Reading, Trust};
@@ -104,6 +108,61 @@ impl Bench {
     }
 }
 
+/// The HTTP ingress's sessions over the same stand-in: each request
+/// answered once delivered, or refused.
+struct Callers {
+    sessions: HttpSessions,
+    generation: Arc<Generation>,
+    script: Arc<Script>,
+}
+
+impl Callers {
+    fn new(settings: Settings, script: Arc<Script>) -> Self {
+        let telemetry = Telemetry::new();
+        let generation = Generation::scripted(settings, script.clone(), telemetry.clone());
+        let sessions = HttpSessions::new(
+            TaskTracker::new(),
+            CancellationToken::new(),
+            telemetry,
+            route_for_caller,
+        );
+        Self {
+            sessions,
+            generation: Arc::new(generation),
+            script,
+        }
+    }
+
+    /// Request `n` of session `id`, the last of it when `end`: its answer.
+    async fn send(&self, n: u64, id: &str, end: bool) -> Result<Outcome, Refused> {
+        let mut headers = vec![("session-id", AmqpValue::LongString(id.into()))];
+        if end {
+            headers.push(("session-end", AmqpValue::Boolean(true)));
+        }
+        let envelope = envelope(&format!("{id}-{n}"), &headers);
+        let Some((id, generation)) = self.sessions.member(&envelope, &self.generation) else {
+            panic!("{} belongs to no session", envelope.message_id());
+        };
+        let answer = self
+            .sessions
+            .submit(id, envelope, &generation, CancellationToken::new())?;
+        answer.await
+    }
+}
+
+/// Whether `answer` delivered its message on every branch.
+fn delivered(answer: &Result<Outcome, Refused>) -> bool {
+    answer.as_ref().is_ok_and(Outcome::all_delivered)
+}
+
+/// The reason a refused request was barred for.
+fn refused(answer: Result<Outcome, Refused>) -> Option<&'static str> {
+    match answer {
+        Err(Refused::Barred(barred)) => Some(barred.reason().as_str()),
+        _ => None,
+    }
+}
+
 const SESSIONS: &str = "\n[sessions]\nenabled = true\nmax_open = 4\nmax_messages = 10\n";
 
 fn on(extra: &str) -> Settings {
@@ -119,7 +178,7 @@ fn dead_letters(tags: &[u64]) -> Vec<(u64, Settled)> {
 }
 
 #[tokio::test(start_paused = true)]
-async fn an_idle_session_is_dead_lettered_whole_after_its_timeout() {
+async fn an_idle_session_closes_after_its_timeout_from_either_source() {
     let mut bench = Bench::new(on(""), Script::acking());
     bench.admit(1, "s", false).await;
     bench.admit(2, "s", false).await;
@@ -132,6 +191,20 @@ async fn an_idle_session_is_dead_lettered_whole_after_its_timeout() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(bench.settled.drain(), dead_letters(&[1, 2]));
     assert_eq!(bench.dead_lettered("session-timeout"), 2.0);
+    bench.admit(3, "s", false).await;
+    assert_eq!(bench.settled.drain(), dead_letters(&[3]), "closed since");
+
+    // Over HTTP the same timer closes the session; a caller holds the rest.
+    let callers = Callers::new(on(""), Script::acking());
+    assert!(delivered(&callers.send(1, "s", false).await));
+    tokio::time::sleep(Duration::from_secs(29)).await;
+    assert!(delivered(&callers.send(2, "s", false).await), "still open");
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    assert_eq!(
+        refused(callers.send(3, "s", false).await),
+        Some("session-closed")
+    );
+    assert_eq!(callers.script.calls(), ["a:s-1", "a:s-2"]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -162,13 +235,13 @@ async fn a_failover_mid_session_replays_the_set_and_it_is_acked_as_one() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_session_over_max_messages_is_dead_lettered_whole() {
-    let settings = settings(
+async fn a_session_over_max_messages_ends_from_either_source() {
+    let limited = settings(
         &["a"],
         "service",
         "\n[sessions]\nenabled = true\nmax_open = 4\nmax_messages = 2\n",
     );
-    let mut bench = Bench::new(settings, Script::acking());
+    let mut bench = Bench::new(limited.clone(), Script::acking());
     for tag in 1..=3 {
         bench.admit(tag, "s", false).await;
     }
@@ -179,10 +252,25 @@ async fn a_session_over_max_messages_is_dead_lettered_whole() {
         ["a:s-1", "a:s-2"],
         "the third never went out"
     );
+
+    // Over HTTP the request that outgrows it is refused and the session ends.
+    let callers = Callers::new(limited, Script::acking());
+    for n in 1..=2 {
+        assert!(delivered(&callers.send(n, "s", false).await));
+    }
+    assert_eq!(
+        refused(callers.send(3, "s", false).await),
+        Some("session-too-large")
+    );
+    assert_eq!(
+        refused(callers.send(4, "s", false).await),
+        Some("session-closed")
+    );
+    assert_eq!(callers.script.calls(), ["a:s-1", "a:s-2"]);
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_closed_session_refuses_late_messages_until_its_ttl_runs_out() {
+async fn a_closed_session_turns_late_messages_away_until_its_ttl_runs_out_from_either_source() {
     let mut bench = Bench::new(on(""), Script::acking());
     bench.admit(1, "s", true).await;
     assert_eq!(bench.settled.drain(), acks(&[1]));
@@ -197,6 +285,19 @@ async fn a_closed_session_refuses_late_messages_until_its_ttl_runs_out() {
         "a new session of the same id"
     );
     assert_eq!(bench.script.calls(), ["a:s-1", "a:s-3"]);
+
+    let callers = Callers::new(on(""), Script::acking());
+    assert!(delivered(&callers.send(1, "s", true).await));
+    assert_eq!(
+        refused(callers.send(2, "s", false).await),
+        Some("session-closed")
+    );
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    assert!(
+        delivered(&callers.send(3, "s", true).await),
+        "a new session of the same id"
+    );
+    assert_eq!(callers.script.calls(), ["a:s-1", "a:s-3"]);
 }
 
 /// A redriven set reopens a closed session only when the mark is trusted
@@ -383,4 +484,40 @@ async fn changed_limits_apply_to_sessions_opened_after_the_reload() {
         dead_letters(&[5, 6, 7]),
         "the new limit of 2"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn over_http_a_new_session_past_max_open_is_refused_and_a_first_message_without_a_route_opens_none()
+ {
+    let callers = Callers::new(on(""), Script::acking());
+    for n in 1..=4 {
+        let id = format!("s{n}");
+        assert!(delivered(&callers.send(n, &id, false).await));
+    }
+    assert!(matches!(
+        callers.send(5, "s5", false).await,
+        Err(Refused::Full(4))
+    ));
+    assert!(
+        delivered(&callers.send(6, "s1", true).await),
+        "an open one goes on"
+    );
+    assert!(
+        delivered(&callers.send(7, "s5", true).await),
+        "a slot freed"
+    );
+
+    let filtered = "[filters.kind]\ntype = \"header\"\nheader = \"kind\"\nexists = true\n";
+    let toml = crate::pipeline::testkit::settings_toml(&["a"], "service", SESSIONS)
+        .replace("filter = \"all\"", "filter = \"kind\"");
+    let unrouted = Callers::new(load(&format!("{toml}\n{filtered}")), Script::acking());
+    for n in 1..=2 {
+        assert_eq!(
+            unrouted.send(n, "s", false).await.err(),
+            Some(Refused::Barred(Barred::NoRoute {
+                unparsable_body: None
+            })),
+            "refused each time, never session-closed"
+        );
+    }
 }
