@@ -44,26 +44,27 @@
 
 #![forbid(unsafe_code)]
 
-pub mod admin;
+pub(crate) mod admin;
 pub mod amqp;
-pub mod backoff;
+pub(crate) mod backoff;
 pub mod broker;
 pub mod config;
-pub mod destination;
+pub(crate) mod destination;
 pub mod dlq;
 pub mod envelope;
 pub mod errors;
 pub mod ingress;
 pub mod listen;
-pub mod pipeline;
+pub(crate) mod pipeline;
 mod recent;
 pub mod reload;
 pub mod routing;
 pub mod telemetry;
-pub mod uri;
-pub mod wire;
+pub(crate) mod uri;
+pub(crate) mod wire;
 
-pub use pipeline::{Forwarder, NotReady, Readiness, RunError};
+pub use pipeline::RunError;
+use pipeline::{Forwarder, NotReady};
 pub use telemetry::Telemetry;
 
 use std::future::Future;
@@ -202,7 +203,7 @@ fn startup_summary<'a>(
             format!("{name}: {}", list.join(" -> "))
         })
         .collect();
-    let inbound = settings.inbound.as_ref();
+    let inbound = settings.inbound();
     telemetry::StartupSummary {
         config_file,
         brokers: brokers.join(", "),
@@ -212,7 +213,7 @@ fn startup_summary<'a>(
         ),
         prefetch: inbound.map_or(0, |i| i.prefetch),
         branches: branches.join("; "),
-        dead_letter: settings.dead_letter.as_ref().map_or_else(
+        dead_letter: settings.dead_letter().map_or_else(
             || "none".to_owned(),
             |dl| {
                 format!(

@@ -13,6 +13,7 @@ use lapin::protocol::AMQPErrorKind;
 /// AMQP reply codes this crate reasons about.
 pub mod code {
     /// The broker closed the connection on purpose (`rabbitmqctl close_connection`).
+    #[cfg(test)]
     pub const CONNECTION_FORCED: u16 = 320;
     /// Access to a vhost or resource was refused.
     pub const ACCESS_REFUSED: u16 = 403;

@@ -67,11 +67,6 @@ impl EndpointHealth {
         }
     }
 
-    /// The endpoint's name.
-    pub fn endpoint(&self) -> &str {
-        &self.endpoint
-    }
-
     /// Whether new messages should use it.
     pub fn is_up(&self) -> bool {
         self.state.load(Ordering::Relaxed) == UP

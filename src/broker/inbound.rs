@@ -171,11 +171,6 @@ impl SettledLog {
         }
     }
 
-    /// The loss of the receipts' channel.
-    pub fn lost(&self) -> &CancellationToken {
-        &self.lost
-    }
-
     /// Every settlement so far, by tag, in order.
     pub fn drain(&mut self) -> Vec<(u64, Settled)> {
         let mut out = Vec::new();

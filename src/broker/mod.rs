@@ -33,18 +33,19 @@ mod registry;
 mod tls;
 mod topology;
 
-pub use connector::{
-    AccessRefusal, Blocking, ConnectError, ConnectFailure, Connector, RefusedAt, Role,
-};
-pub use dlq_reader::{DlqReader, ReadError, RepublishError};
-pub use error::{BrokerError, Fault, Level, code};
-pub use health::{Down, EndpointHealth};
-pub use inbound::{ConsumeError, InboundChannel, Receipt, open_inbound};
 #[cfg(test)]
-pub use inbound::{Settled, SettledLog};
-pub use publisher::{Mode, PublishFailure, Publisher, Refusal};
-pub use registry::{Attempt, Health, Publish, Publishers};
-pub use tls::TlsFailure;
-pub use topology::{
-    OpFailure, TopologyError, declare_endpoint_queue, prepare_inbound, redeclare_inbound,
+pub(crate) use connector::ConnectFailure;
+pub(crate) use connector::{Blocking, ConnectError, Connector, Role};
+pub(crate) use dlq_reader::{DlqReader, ReadError, RepublishError};
+#[cfg(test)]
+pub(crate) use error::BrokerError;
+pub(crate) use error::{Level, code};
+pub(crate) use health::EndpointHealth;
+pub(crate) use inbound::{ConsumeError, InboundChannel, Receipt, open_inbound};
+#[cfg(test)]
+pub(crate) use inbound::{Settled, SettledLog};
+pub(crate) use publisher::{Mode, PublishFailure, Publisher, Refusal};
+pub(crate) use registry::{Attempt, Health, Publish, Publishers};
+pub(crate) use topology::{
+    TopologyError, declare_endpoint_queue, prepare_inbound, redeclare_inbound,
 };

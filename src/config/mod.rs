@@ -7,14 +7,15 @@ mod compile;
 mod error;
 mod ingress;
 mod load;
-pub mod raw;
+pub(crate) mod raw;
 mod tls;
 mod unknown;
 
-pub use compile::compile;
-pub use error::{ConfigError, InvalidKey};
+pub(crate) use compile::compile;
+pub use error::ConfigError;
+pub(crate) use error::InvalidKey;
 pub use load::{CONFIG_ENV, DEFAULT_CONFIG_PATH, config_path, load, load_str};
-pub use tls::{IdentityError, read_ca_file, read_client_identity};
+pub(crate) use tls::{IdentityError, read_ca_file, read_client_identity};
 
 use crate::destination::{DeadLetter, Endpoint, QueueType};
 use crate::routing::RoutingTable;
@@ -27,7 +28,10 @@ use std::time::Duration;
 
 /// A validated configuration. Only [`compile`] makes one (its
 /// [`Compiled`] field cannot be made elsewhere), so a `Settings` always
-/// passed every check; its fields are public to be read.
+/// passed every check; its fields are public to be read, but for the
+/// inbound queue and its dead letters, which come together and are read
+/// through [`Settings::queue`], [`Settings::inbound`] and
+/// [`Settings::dead_letter`].
 #[derive(Debug, Clone)]
 pub struct Settings {
     /// Instance name; prefixes AMQP connection names.
@@ -36,11 +40,9 @@ pub struct Settings {
     pub shutdown_timeout: Duration,
     /// Threads running the forwarder's tasks; `None` is one per CPU core.
     pub worker_threads: Option<usize>,
-    /// The inbound queue; `None` for a forwarder fed by the HTTP ingress
-    /// alone. Set exactly when `dead_letter` is.
-    pub inbound: Option<Inbound>,
-    /// Where failed messages go; set exactly when `inbound` is.
-    pub dead_letter: Option<DeadLetter>,
+    /// The inbound queue and where its failed messages go, one with the
+    /// other; `None` for a forwarder fed by the HTTP ingress alone.
+    queue: Option<(Inbound, DeadLetter)>,
     /// Brokers by name.
     pub brokers: BTreeMap<String, Arc<BrokerSpec>>,
     /// Endpoints by name.
@@ -61,7 +63,20 @@ impl Settings {
     /// The queue side: the inbound queue and its dead letters, when the
     /// forwarder consumes one.
     pub fn queue(&self) -> Option<(&Inbound, &DeadLetter)> {
-        self.inbound.as_ref().zip(self.dead_letter.as_ref())
+        self.queue
+            .as_ref()
+            .map(|(inbound, dead_letter)| (inbound, dead_letter))
+    }
+
+    /// The inbound queue; `None` for a forwarder fed by the HTTP ingress
+    /// alone.
+    pub fn inbound(&self) -> Option<&Inbound> {
+        self.queue.as_ref().map(|(inbound, _)| inbound)
+    }
+
+    /// Where failed messages go; set exactly when [`Self::inbound`] is.
+    pub fn dead_letter(&self) -> Option<&DeadLetter> {
+        self.queue.as_ref().map(|(_, dead_letter)| dead_letter)
     }
 }
 

@@ -10,14 +10,14 @@ use crate::routing::Outage;
 
 fn inbound(settings: &Settings) -> &crate::config::Inbound {
     settings
-        .inbound
+        .inbound()
         .as_ref()
         .unwrap_or_else(|| panic!("no [inbound]"))
 }
 
 fn dead_letter(settings: &Settings) -> &crate::destination::DeadLetter {
     settings
-        .dead_letter
+        .dead_letter()
         .as_ref()
         .unwrap_or_else(|| panic!("no [dead_letter]"))
 }
@@ -1072,7 +1072,7 @@ fn the_http_ingress_alone_needs_no_inbound_queue_but_something_must_feed_the_for
     let http = "[ingress.http]\nlisten = \"8080\"\n";
     let alone = load_str(&format!("{}\n{http}", without_queue()), "test.toml")
         .unwrap_or_else(|e| panic!("{e}"));
-    assert!(alone.inbound.is_none() && alone.dead_letter.is_none() && alone.queue().is_none());
+    assert!(alone.inbound().is_none() && alone.dead_letter().is_none() && alone.queue().is_none());
     let ingress = alone.http.as_ref().unwrap_or_else(|| panic!("no ingress"));
     assert_eq!(ingress.listen.to_string(), "127.0.0.1:8080");
     assert_eq!(

@@ -88,7 +88,7 @@ pub async fn inspect(
     out.flush()?;
     Ok(Inspected {
         queue: settings
-            .dead_letter
+            .dead_letter()
             .as_ref()
             .and_then(|d| d.queue.clone())
             .unwrap_or_default(),

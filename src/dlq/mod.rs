@@ -22,14 +22,15 @@
 
 mod error;
 mod inspect;
-pub mod record;
+pub(crate) mod record;
 mod redrive;
 mod scan;
 
-pub use error::{Counts, DlqError, Redriven, Stop};
-pub use inspect::{DEFAULT_INSPECT_LIMIT, Format, Inspected, inspect};
-pub use redrive::redrive;
-pub use scan::{Selection, format_age, parse_duration};
+pub use error::DlqError;
+pub(crate) use inspect::inspect;
+pub use inspect::{DEFAULT_INSPECT_LIMIT, Format};
+pub(crate) use redrive::redrive;
+pub use scan::Selection;
 
 use crate::config::Settings;
 use std::io::Write;

@@ -183,7 +183,7 @@ impl<'a> Scan<'a> {
             },
             trust: Trust::new(
                 settings
-                    .inbound
+                    .inbound()
                     .as_ref()
                     .map(|i| i.trusted_users.clone())
                     .unwrap_or_default(),
@@ -226,7 +226,7 @@ impl<'a> Scan<'a> {
     /// is taken first, and all go back behind any that arrived since, in
     /// their order. A classic queue puts each back in its place.
     pub(super) async fn hold_rest(&mut self, reader: &mut DlqReader) -> Result<(), ReadError> {
-        let quorum = self.settings.dead_letter.as_ref().map(|d| d.queue_type);
+        let quorum = self.settings.dead_letter().map(|d| d.queue_type);
         if quorum != Some(QueueType::Quorum) {
             return Ok(());
         }

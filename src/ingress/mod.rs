@@ -18,9 +18,9 @@
 //! the caller has gone or timed out (504). [`server`] bounds connections and
 //! the time to send headers, and speaks TLS when configured.
 
-pub mod answer;
+pub(crate) mod answer;
 pub mod idempotency;
-pub mod request;
+pub(crate) mod request;
 pub mod server;
 
 use crate::config::HttpIngress;

@@ -205,7 +205,7 @@ impl Consumer {
 
 /// The inbound queue's name under `generation` (`""` without one).
 fn inbound_queue(generation: &Generation) -> String {
-    let inbound = generation.settings.inbound.as_ref();
+    let inbound = generation.settings.inbound();
     inbound.map(|i| i.queue.clone()).unwrap_or_default()
 }
 
@@ -214,7 +214,7 @@ fn inbound_queue(generation: &Generation) -> String {
 fn permits_for(generation: &Generation) -> (Arc<Semaphore>, u32) {
     let prefetch = generation
         .settings
-        .inbound
+        .inbound()
         .as_ref()
         .map_or(1, |i| i.prefetch);
     (

@@ -133,10 +133,10 @@ impl Generation {
                 (name.clone(), shared)
             })
             .collect();
-        let consume_connector = settings.inbound.as_ref().map(|inbound| {
+        let consume_connector = settings.inbound().map(|inbound| {
             let broker = &inbound.broker;
             reusable(broker)
-                .filter(|p| p.settings.inbound.as_ref().map(|i| &i.broker) == Some(broker))
+                .filter(|p| p.settings.inbound().map(|i| &i.broker) == Some(broker))
                 .and_then(|p| p.consume_connector.clone())
                 .unwrap_or_else(|| {
                     Arc::new(Shared(Connector::new(
@@ -244,14 +244,14 @@ impl Generation {
     /// publishes and a resource alarm can never block its acks.
     /// `None` without `[inbound]`.
     pub(super) fn topology_connector(&self) -> Option<&Connector> {
-        let inbound = self.settings.inbound.as_ref()?;
+        let inbound = self.settings.inbound()?;
         Some(&self.publish_connectors[&inbound.broker].0)
     }
 
     /// Whether consuming under `next` needs a new consumer: the inbound
     /// queue's settings or its broker changed.
     pub(super) fn inbound_differs(&self, next: &Generation) -> bool {
-        self.settings.inbound != next.settings.inbound
+        self.settings.inbound() != next.settings.inbound()
             || self.settings.name != next.settings.name
             || match (&self.consume_connector, &next.consume_connector) {
                 (Some(now), Some(next)) => !Arc::ptr_eq(now, next),
@@ -303,7 +303,7 @@ impl Generation {
 /// no redeliveries, which no limit bars.
 fn limits(settings: &Settings) -> (u32, u32) {
     settings
-        .inbound
+        .inbound()
         .as_ref()
         .map_or((u32::MAX, u32::MAX), |i| (i.max_hops, i.max_redeliveries))
 }
@@ -312,12 +312,12 @@ fn limits(settings: &Settings) -> (u32, u32) {
 /// so nothing is ever settled and the mode is moot.
 fn dead_letter_mode(settings: &Settings) -> DeadLetterMode {
     settings
-        .dead_letter
+        .dead_letter()
         .as_ref()
         .map_or(DeadLetterMode::Nack, |d| d.mode)
 }
 
 /// The queue dead letters say they came from.
 fn source_queue(settings: &Settings) -> &str {
-    settings.inbound.as_ref().map_or("", |i| i.queue.as_str())
+    settings.inbound().map_or("", |i| i.queue.as_str())
 }

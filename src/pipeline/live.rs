@@ -83,7 +83,7 @@ impl Live {
         let next = Generation::build(current.number + 1, settings, Some(&current), &self.common);
         let inbound_differs = current.inbound_differs(&next);
         let topology_differs =
-            inbound_differs || current.settings.dead_letter != next.settings.dead_letter;
+            inbound_differs || current.settings.dead_letter() != next.settings.dead_letter();
         let queue_side = next.settings.queue().zip(next.topology_connector());
         if let (true, Some((queue, connector))) = (topology_differs, queue_side) {
             let prepared = tokio::select! {

@@ -310,7 +310,7 @@ impl Forwarder {
 /// first that refuses the credentials or the vhost is an error. One that
 /// cannot be reached is left to fail over as usual.
 async fn refuse_fast(generation: &Generation) -> Result<(), RunError> {
-    let inbound = generation.settings.inbound.as_ref().map(|i| &i.broker);
+    let inbound = generation.settings.inbound().map(|i| &i.broker);
     let others = generation
         .publish_connectors
         .iter()
@@ -338,7 +338,7 @@ impl Readiness {
     /// `Ok` when ready; otherwise why not.
     pub fn check(&self) -> Result<(), NotReady> {
         let generation = self.generation.borrow().clone();
-        let consumes = generation.settings.inbound.is_some();
+        let consumes = generation.settings.inbound().is_some();
         if consumes && !self.consuming.load(Ordering::Relaxed) {
             return Err(NotReady::NotConsuming);
         }

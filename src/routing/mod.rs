@@ -19,8 +19,8 @@ mod body;
 mod filter;
 mod topic;
 
-pub use body::{MAX_BODY_BYTES, MAX_BODY_DEPTH, MAX_XML_NODES, Unparsable};
-pub use filter::{BodyFilterError, Filter, JsonPointer, Property, ValueTest, XPathTest};
+pub(crate) use body::Unparsable;
+pub(crate) use filter::{Filter, JsonPointer, Property, ValueTest, XPathTest};
 pub use topic::TopicPattern;
 
 use crate::destination::Endpoint;

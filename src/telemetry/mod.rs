@@ -31,9 +31,9 @@ mod lifecycle;
 mod metrics;
 mod sessions;
 
-pub use delivery::{InFlight, Replay};
-pub use http::Listener;
-pub use lifecycle::StartupSummary;
+pub(crate) use delivery::Replay;
+pub(crate) use http::Listener;
+pub(crate) use lifecycle::StartupSummary;
 
 use metrics::Metrics;
 use std::sync::Arc;

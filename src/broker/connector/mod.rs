@@ -29,7 +29,7 @@ mod failure;
 mod reconnect;
 
 pub use attempt::connect_first;
-pub use failure::{AccessRefusal, ConnectError, ConnectFailure, RefusedAt};
+pub use failure::{ConnectError, ConnectFailure};
 
 use super::closing::close_connection;
 use super::error::BrokerError;

@@ -2,7 +2,8 @@
 //! down broker failing fast until its backoff runs out.
 
 use super::attempt::preference;
-use super::{AccessRefusal, BACKOFF_MAX, ConnectError, ConnectFailure, Connector, RefusedAt, Role};
+use super::failure::{AccessRefusal, RefusedAt};
+use super::{BACKOFF_MAX, ConnectError, ConnectFailure, Connector, Role};
 use crate::broker::error::{BrokerError, Level};
 use crate::config::BrokerSpec;
 use crate::errors::one_line;

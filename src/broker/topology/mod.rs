@@ -22,8 +22,8 @@ mod operation;
 mod probe;
 mod queue;
 
+pub use operation::TopologyError;
 use operation::{Op, run};
-pub use operation::{OpFailure, TopologyError};
 use probe::probe_dead_letter_route;
 use queue::{QueueSpec, Setting, ensure_queue};
 

@@ -94,11 +94,6 @@ impl BranchRun {
         }
     }
 
-    /// The branch's plan.
-    pub fn plan(&self) -> &BranchPlan {
-        &self.plan
-    }
-
     /// The branch name.
     pub fn name(&self) -> &Arc<str> {
         &self.plan.name

@@ -13,7 +13,6 @@ mod property;
 mod value;
 mod xpath;
 
-pub use error::BodyFilterError;
 pub use json::JsonPointer;
 pub use property::Property;
 pub use value::ValueTest;
