@@ -31,19 +31,23 @@ use crate::broker::{
 use crate::envelope::Envelope;
 use crate::reload::Reload;
 use crate::telemetry::Telemetry;
-use futures_util::future::Either;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// Why the inner consume loop left its channel.
-enum Leave {
+/// What the consume loop acts on.
+enum Event {
     Shutdown,
+    /// A new configuration: applied, and a new consumer opened when it
+    /// changes `[inbound]`.
+    Reload(Box<Reload>),
+    /// The channel or its connection was lost.
     Lost,
-    Reconfigured,
     /// The connector moved to a more preferred node of the broker.
     Moved,
     /// The broker cancelled the consumer (`basic.cancel`: a quorum queue
@@ -67,6 +71,36 @@ pub(super) struct Consumer {
     pub(super) telemetry: Telemetry,
 }
 
+/// What the loop keeps between channels.
+struct State {
+    /// One permit per message in flight, `prefetch` in all: a transaction
+    /// keeps its permit until it ends, even when its channel is gone.
+    permits: Arc<Semaphore>,
+    prefetch: u32,
+    backoff: Backoff,
+    /// Set when the inbound queue may be gone (the broker cancelled the
+    /// consumer, or said the queue is not found). Only then is it declared
+    /// again: after a lost connection the declaration would wait on a
+    /// connection that may be moving nodes, delaying the consumer for no
+    /// gain.
+    redeclare: bool,
+}
+
+/// One open inbound channel, and its connector's moves to a more preferred
+/// node.
+struct Open {
+    inbound: InboundChannel,
+    moves: watch::Receiver<u64>,
+}
+
+/// What an attempt to open the consumer came to.
+enum Opening {
+    Opened(Box<Open>),
+    /// Not open: try again once this completes (never, without an inbound
+    /// queue: only a reload can add one).
+    Wait(Pin<Box<dyn Future<Output = ()> + Send>>),
+}
+
 impl Consumer {
     /// Consumes until `shutdown`, applying each reload as it comes; returns
     /// the channel still open, to be closed once in-flight transactions have
@@ -76,130 +110,207 @@ impl Consumer {
         shutdown: &CancellationToken,
     ) -> Option<InboundChannel> {
         let mut reloads = self.reloads.take();
-        let reloads = &mut reloads;
-        let consumer = &self;
-        let telemetry = &self.telemetry;
-        let (mut permits, mut prefetch) = permits_for(&consumer.live.current());
-        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
-        // Set when the inbound queue may be gone (the broker cancelled the
-        // consumer, or said the queue is not found). Only then is it declared
-        // again: after a lost connection the declaration would wait on a
-        // connection that may be moving nodes, delaying the consumer for no
-        // gain.
-        let mut redeclare = false;
+        let (permits, prefetch) = permits_for(&self.live.current());
+        let backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        let mut state = State {
+            permits,
+            prefetch,
+            backoff,
+            redeclare: false,
+        };
+        let mut open: Option<Open> = None;
         while !shutdown.is_cancelled() {
-            let generation = consumer.live.current();
-            let settings = &generation.settings;
-            let queue_side = settings.queue().zip(generation.topology_connector());
-            let (Some(((inbound, dead_letter), topology)), Some(consume_connector)) =
-                (queue_side, generation.consume_connector.clone())
-            else {
-                // No inbound queue (the HTTP ingress alone): nothing to
-                // consume, unless a reload adds one.
-                drop(generation);
-                tokio::select! {
-                    () = shutdown.cancelled() => return None,
-                    reload = next_reload(reloads) => {
-                        if consumer.live.reload(reload, shutdown).await {
-                            (permits, prefetch) = permits_for(&consumer.live.current());
+            let event = match open.as_mut() {
+                Some(channel) => {
+                    self.consume_channel(channel, &state.permits, &mut reloads, shutdown)
+                        .await
+                }
+                None => match self.open(&mut state, shutdown).await {
+                    Opening::Opened(channel) => {
+                        open = Some(*channel);
+                        continue;
+                    }
+                    Opening::Wait(retry) => tokio::select! {
+                        () = shutdown.cancelled() => Event::Shutdown,
+                        () = retry => continue,
+                        reload = next_reload(&mut reloads) => Event::Reload(Box::new(reload)),
+                    },
+                },
+            };
+            match event {
+                Event::Reload(reload) => {
+                    if self.live.reload(*reload, shutdown).await {
+                        // A changed `[inbound]`: a new consumer, once this one's work has settled.
+                        if let Err(inbound) = self.retire(open.take(), &mut state, shutdown).await {
+                            return Some(inbound);
                         }
                     }
                 }
-                continue;
-            };
-            let queue = inbound.queue.clone();
-            let queue = &queue;
-            if std::mem::take(&mut redeclare) && inbound.declare {
-                // A deleted inbound queue comes back; anything else is logged by
-                // the open below.
-                let _ = redeclare_inbound(topology, (inbound, dead_letter)).await;
-            }
-            let opened = tokio::select! {
-                () = shutdown.cancelled() => return None,
-                opened = open_inbound(&consume_connector.0, &settings.name, inbound) => opened,
-            };
-            let prefetch_now = inbound.prefetch;
-            let mut inbound = match opened {
-                Ok(inbound) => inbound,
-                Err(why) => {
-                    redeclare = why.queue_not_found();
-                    let connector = consume_connector.0.clone();
-                    let retry = match why {
-                        // Logged by the connector, with its next try: the one to wait for.
-                        ConsumeError::Connect(
-                            ConnectError::Refused { .. }
-                            | ConnectError::Connect { .. }
-                            | ConnectError::BackingOff { .. },
-                        ) => Either::Left(async move {
-                            connector.next_attempt().await;
-                        }),
-                        other => {
-                            telemetry.consumer_lost(queue, &other.to_string());
-                            Either::Right(tokio::time::sleep(backoff.next_delay()))
-                        }
-                    };
-                    drop(generation);
-                    // A reload may be what fixes the consumer: it is applied at once.
-                    tokio::select! {
-                        () = shutdown.cancelled() => return None,
-                        () = retry => {}
-                        reload = next_reload(reloads) => {
-                            if consumer.live.reload(reload, shutdown).await {
-                                // Transactions of a lost channel end soon; the bound holds meanwhile.
-                                tokio::select! {
-                                    () = shutdown.cancelled() => return None,
-                                    _ = permits.acquire_many(prefetch) => {}
-                                }
-                                (permits, prefetch) = permits_for(&consumer.live.current());
-                            }
-                        }
-                    }
-                    continue;
-                }
-            };
-            backoff.reset();
-            telemetry.consuming(queue, prefetch_now);
-            consumer.consuming.store(true, Ordering::Relaxed);
-            let mut moves = consume_connector.0.epochs();
-            drop(generation);
-            let channel = Channel {
-                inbound: &mut inbound,
-                permits: &permits,
-                moves: &mut moves,
-            };
-            let leave = consume_channel(consumer, reloads, shutdown, channel).await;
-            consumer.consuming.store(false, Ordering::Relaxed);
-            match leave {
-                Leave::Shutdown => {
-                    inbound.stop_consuming().await;
+                Event::Shutdown => {
+                    let channel = open.take()?;
+                    self.consuming.store(false, Ordering::Relaxed);
+                    channel.inbound.stop_consuming().await;
                     // No more messages can come for open sessions: they go back whole.
-                    consumer.sessions.abandon_all();
-                    return Some(inbound);
+                    self.sessions.abandon_all();
+                    return Some(channel.inbound);
                 }
-                Leave::Lost => {
-                    inbound.mark_lost();
-                    consumer.live.common.background.spawn(inbound.close());
+                Event::Lost => {
+                    if let Some(channel) = open.take() {
+                        self.consuming.store(false, Ordering::Relaxed);
+                        channel.inbound.mark_lost();
+                        self.live.common.background.spawn(channel.inbound.close());
+                    }
                 }
-                Leave::Reconfigured | Leave::Moved | Leave::Cancelled => {
-                    if matches!(leave, Leave::Moved) {
-                        telemetry.consumer_moving(&inbound_queue(&consumer.live.current()));
+                Event::Moved | Event::Cancelled => {
+                    if matches!(event, Event::Moved) {
+                        let queue = inbound_queue(&self.live.current());
+                        self.telemetry.consumer_moving(&queue);
                     }
-                    // Its messages settle on the channel they came on: no duplicates.
-                    inbound.stop_consuming().await;
-                    consumer.sessions.abandon_all();
-                    // Every permit back: every transaction of this channel has settled on it.
-                    tokio::select! {
-                        () = shutdown.cancelled() => return Some(inbound),
-                        _ = permits.acquire_many(prefetch) => {}
+                    if let Err(inbound) = self.retire(open.take(), &mut state, shutdown).await {
+                        return Some(inbound);
                     }
-                    inbound.close().await;
-                    (permits, prefetch) = permits_for(&consumer.live.current());
                     // A cancelled consumer's queue may be gone: declared again.
-                    redeclare = matches!(leave, Leave::Cancelled);
+                    state.redeclare = matches!(event, Event::Cancelled);
                 }
             }
         }
         None
+    }
+
+    /// Opens the consumer of the live generation, or says what to wait for
+    /// before trying again.
+    async fn open(&self, state: &mut State, shutdown: &CancellationToken) -> Opening {
+        let never = || Opening::Wait(Box::pin(std::future::pending()));
+        let generation = self.live.current();
+        let settings = &generation.settings;
+        let queue_side = settings.queue().zip(generation.topology_connector());
+        let (Some(((inbound, dead_letter), topology)), Some(consume_connector)) =
+            (queue_side, generation.consume_connector.clone())
+        else {
+            // No inbound queue (the HTTP ingress alone): nothing to consume.
+            return never();
+        };
+        if std::mem::take(&mut state.redeclare) && inbound.declare {
+            // A deleted inbound queue comes back; anything else is logged by
+            // the open below.
+            let _ = redeclare_inbound(topology, (inbound, dead_letter)).await;
+        }
+        let opened = tokio::select! {
+            () = shutdown.cancelled() => return never(),
+            opened = open_inbound(&consume_connector.0, &settings.name, inbound) => opened,
+        };
+        let connector = consume_connector.0.clone();
+        match opened {
+            Ok(channel) => {
+                state.backoff.reset();
+                self.telemetry.consuming(&inbound.queue, inbound.prefetch);
+                self.consuming.store(true, Ordering::Relaxed);
+                Opening::Opened(Box::new(Open {
+                    inbound: channel,
+                    moves: connector.epochs(),
+                }))
+            }
+            Err(why) => {
+                state.redeclare = why.queue_not_found();
+                match why {
+                    // Logged by the connector, with its next try: the one to wait for.
+                    ConsumeError::Connect(
+                        ConnectError::Refused { .. }
+                        | ConnectError::Connect { .. }
+                        | ConnectError::BackingOff { .. },
+                    ) => Opening::Wait(Box::pin(async move {
+                        connector.next_attempt().await;
+                    })),
+                    other => {
+                        self.telemetry
+                            .consumer_lost(&inbound.queue, &other.to_string());
+                        Opening::Wait(Box::pin(tokio::time::sleep(state.backoff.next_delay())))
+                    }
+                }
+            }
+        }
+    }
+
+    /// Leaves `channel` (if any) for a new consumer: stops consuming,
+    /// abandons its open sessions, waits until every transaction has
+    /// settled on the channel it came on (no duplicates), closes it, and
+    /// takes a fresh `prefetch` of permits under the live settings. The
+    /// channel still open when shutdown comes meanwhile.
+    async fn retire(
+        &self,
+        channel: Option<Open>,
+        state: &mut State,
+        shutdown: &CancellationToken,
+    ) -> Result<(), InboundChannel> {
+        self.consuming.store(false, Ordering::Relaxed);
+        if let Some(channel) = &channel {
+            channel.inbound.stop_consuming().await;
+        }
+        self.sessions.abandon_all();
+        tokio::select! {
+            () = shutdown.cancelled() => {
+                return match channel {
+                    Some(channel) => Err(channel.inbound),
+                    None => Ok(()),
+                };
+            }
+            _ = state.permits.acquire_many(state.prefetch) => {}
+        }
+        if let Some(channel) = channel {
+            channel.inbound.close().await;
+        }
+        (state.permits, state.prefetch) = permits_for(&self.live.current());
+        Ok(())
+    }
+
+    /// Consumes from `channel` until shutdown, its loss, a reload, or a
+    /// move of its connection to a more preferred node (the consumer
+    /// follows it once this channel's work has settled).
+    async fn consume_channel(
+        &self,
+        channel: &mut Open,
+        permits: &Arc<Semaphore>,
+        reloads: &mut Option<mpsc::Receiver<Reload>>,
+        shutdown: &CancellationToken,
+    ) -> Event {
+        let Open { inbound, moves } = channel;
+        // One registration with the token for the whole channel, not two per message.
+        let stopping = shutdown.cancelled();
+        tokio::pin!(stopping);
+        let queue = || inbound_queue(&self.live.current());
+        loop {
+            let next = async {
+                let permit = permits.clone().acquire_owned().await;
+                self.live.wait_until_publishing().await;
+                (permit, inbound.next().await)
+            };
+            let (permit, next) = tokio::select! {
+                biased;
+                () = &mut stopping => return Event::Shutdown,
+                // A gone connector (`Err`) leaves too: its connection goes with it.
+                _ = moves.changed() => return Event::Moved,
+                reload = next_reload(reloads) => return Event::Reload(Box::new(reload)),
+                next = next => next,
+            };
+            let Ok(permit) = permit else {
+                return Event::Shutdown;
+            };
+            match next {
+                Some(Ok((envelope, receipt))) => self.dispatch(envelope, receipt, permit),
+                Some(Err(why)) => {
+                    self.telemetry.consumer_lost(&queue(), &why.to_string());
+                    return Event::Lost;
+                }
+                None if inbound.is_open() => {
+                    self.telemetry.consumer_cancelled(&queue());
+                    return Event::Cancelled;
+                }
+                None => {
+                    self.telemetry.consumer_lost(&queue(), "consumer ended");
+                    return Event::Lost;
+                }
+            }
+        }
     }
 }
 
@@ -212,96 +323,11 @@ fn inbound_queue(generation: &Generation) -> String {
 /// A semaphore of `prefetch` permits for the consumer of `generation`, and
 /// that number (1 without an inbound queue: nothing is consumed).
 fn permits_for(generation: &Generation) -> (Arc<Semaphore>, u32) {
-    let prefetch = generation
-        .settings
-        .inbound()
-        .as_ref()
-        .map_or(1, |i| i.prefetch);
+    let prefetch = generation.settings.inbound().map_or(1, |i| i.prefetch);
     (
         Arc::new(Semaphore::new(usize::from(prefetch))),
         u32::from(prefetch),
     )
-}
-
-/// One open inbound channel: its deliveries, the permits that bound them,
-/// and its connector's moves to a more preferred node.
-struct Channel<'a> {
-    inbound: &'a mut InboundChannel,
-    permits: &'a Arc<Semaphore>,
-    moves: &'a mut tokio::sync::watch::Receiver<u64>,
-}
-
-/// Consumes from one open channel until shutdown, its loss, a reload that
-/// needs a new consumer, or a move of its connection to a more preferred
-/// node (the consumer follows it once this channel's work has settled).
-async fn consume_channel(
-    consumer: &Consumer,
-    reloads: &mut Option<mpsc::Receiver<Reload>>,
-    shutdown: &CancellationToken,
-    channel: Channel<'_>,
-) -> Leave {
-    let Channel {
-        inbound,
-        permits,
-        moves,
-    } = channel;
-    // One registration with the token for the whole channel, not two per message.
-    let stopping = shutdown.cancelled();
-    tokio::pin!(stopping);
-    loop {
-        let ready = async {
-            let permit = permits.clone().acquire_owned().await;
-            consumer.live.wait_until_publishing().await;
-            permit
-        };
-        let reload = next_reload(reloads);
-        let permit = tokio::select! {
-            biased;
-            () = &mut stopping => return Leave::Shutdown,
-            // A gone connector (`Err`) leaves too: its connection goes with it.
-            _ = moves.changed() => return Leave::Moved,
-            reload = reload => {
-                if consumer.live.reload(reload, shutdown).await {
-                    return Leave::Reconfigured;
-                }
-                continue;
-            }
-            permit = ready => match permit {
-                Ok(permit) => permit,
-                Err(_) => return Leave::Shutdown,
-            },
-        };
-        let telemetry = &consumer.telemetry;
-        let queue = || inbound_queue(&consumer.live.current());
-        tokio::select! {
-            biased;
-            () = &mut stopping => return Leave::Shutdown,
-            _ = moves.changed() => return Leave::Moved,
-            reload = next_reload(reloads) => {
-                drop(permit);
-                if consumer.live.reload(reload, shutdown).await {
-                    return Leave::Reconfigured;
-                }
-            }
-            next = inbound.next() => match next {
-                Some(Ok((envelope, receipt))) => {
-                    dispatch(consumer, envelope, receipt, permit)
-                }
-                Some(Err(why)) => {
-                    telemetry.consumer_lost(&queue(), &why.to_string());
-                    return Leave::Lost;
-                }
-                None if inbound.is_open() => {
-                    telemetry.consumer_cancelled(&queue());
-                    return Leave::Cancelled;
-                }
-                None => {
-                    telemetry.consumer_lost(&queue(), "consumer ended");
-                    return Leave::Lost;
-                }
-            },
-        }
-    }
 }
 
 /// The next reload, or never when there is no source (or it has ended).
@@ -318,49 +344,51 @@ async fn next_reload(reloads: &mut Option<mpsc::Receiver<Reload>>) -> Reload {
 /// Admits one message under the live generation and starts its
 /// transaction, which holds `permit` and that generation until it ends; a
 /// message of a session goes to its session.
-fn dispatch(
-    consumer: &Consumer,
-    envelope: Envelope,
-    receipt: Receipt,
-    permit: OwnedSemaphorePermit,
-) {
-    let telemetry = &consumer.telemetry;
-    telemetry.consumed();
-    if !envelope.annotations.ignored.is_empty() {
-        let user_id = envelope.properties.user_id().as_ref().map(|u| u.as_str());
-        telemetry.untrusted_headers(envelope.message_id(), user_id, envelope.annotations.ignored);
-    }
-    let envelope = Arc::new(envelope);
-    let generation = consumer.live.current();
-    let started = match admit(&generation, &envelope, &consumer.sessions) {
-        Admission::Session {
-            id,
-            generation,
-            barred,
-        } => {
-            let arrival = sessions::Arrival {
-                envelope,
-                receipt,
-                permit,
-                refused: barred,
-            };
-            consumer.sessions.admit(id, arrival, &generation);
-            return;
+impl Consumer {
+    fn dispatch(&self, envelope: Envelope, receipt: Receipt, permit: OwnedSemaphorePermit) {
+        let consumer = self;
+        let telemetry = &consumer.telemetry;
+        telemetry.consumed();
+        if !envelope.annotations.ignored.is_empty() {
+            let user_id = envelope.properties.user_id().as_ref().map(|u| u.as_str());
+            telemetry.untrusted_headers(
+                envelope.message_id(),
+                user_id,
+                envelope.annotations.ignored,
+            );
         }
-        Admission::Route(plans) => Ok(generation.engine.start(&envelope, plans)),
-        Admission::Barred(barred) => Err(Verdict::barred(barred)),
-    };
-    let in_flight = telemetry.transaction_started();
-    let transaction = async move {
-        let verdict = match started {
-            Ok(started) => {
-                let outcome = started.finish(&generation.engine, receipt.lost()).await;
-                outcome.verdict()
+        let envelope = Arc::new(envelope);
+        let generation = consumer.live.current();
+        let started = match admit(&generation, &envelope, &consumer.sessions) {
+            Admission::Session {
+                id,
+                generation,
+                barred,
+            } => {
+                let arrival = sessions::Arrival {
+                    envelope,
+                    receipt,
+                    permit,
+                    refused: barred,
+                };
+                consumer.sessions.admit(id, arrival, &generation);
+                return;
             }
-            Err(verdict) => verdict,
+            Admission::Route(plans) => Ok(generation.engine.start(&envelope, plans)),
+            Admission::Barred(barred) => Err(Verdict::barred(barred)),
         };
-        generation.settler.settle(&envelope, receipt, verdict).await;
-        drop(in_flight);
-    };
-    spawn_held(&consumer.tracker, &consumer.abandon, permit, transaction);
+        let in_flight = telemetry.transaction_started();
+        let transaction = async move {
+            let verdict = match started {
+                Ok(started) => {
+                    let outcome = started.finish(&generation.engine, receipt.lost()).await;
+                    outcome.verdict()
+                }
+                Err(verdict) => verdict,
+            };
+            generation.settler.settle(&envelope, receipt, verdict).await;
+            drop(in_flight);
+        };
+        spawn_held(&consumer.tracker, &consumer.abandon, permit, transaction);
+    }
 }
