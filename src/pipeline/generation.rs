@@ -109,76 +109,22 @@ impl Generation {
         common: &Common,
     ) -> Self {
         let telemetry = &common.telemetry;
-        let reusable = |name: &str| {
-            previous.filter(|p| {
-                p.settings.name == settings.name
-                    && p.settings.brokers.get(name) == settings.brokers.get(name)
-            })
+        let parts = Parts {
+            settings: &settings,
+            previous,
+            common,
         };
-        let publish_connectors: BTreeMap<String, Arc<Shared>> = settings
-            .brokers
-            .iter()
-            .map(|(name, spec)| {
-                let shared = reusable(name)
-                    .and_then(|p| p.publish_connectors.get(name).cloned())
-                    .unwrap_or_else(|| {
-                        Arc::new(Shared(Connector::new(
-                            spec.clone(),
-                            &settings.name,
-                            Role::Publish,
-                            common.background.clone(),
-                            telemetry.clone(),
-                        )))
-                    });
-                (name.clone(), shared)
-            })
-            .collect();
-        let consume_connector = settings.inbound().map(|inbound| {
-            let broker = &inbound.broker;
-            reusable(broker)
-                .filter(|p| p.settings.inbound().map(|i| &i.broker) == Some(broker))
-                .and_then(|p| p.consume_connector.clone())
-                .unwrap_or_else(|| {
-                    Arc::new(Shared(Connector::new(
-                        settings.brokers[broker].clone(),
-                        &settings.name,
-                        Role::Consume,
-                        common.background.clone(),
-                        telemetry.clone(),
-                    )))
-                })
-        });
-        let publisher = |endpoint: &Arc<Endpoint>, old: Option<&Publisher>| {
-            let unchanged = old.filter(|old| {
-                **old.endpoint() == **endpoint && reusable(&endpoint.broker).is_some()
-            });
-            match unchanged {
-                Some(old) => old.clone(),
-                None => {
-                    let health = EndpointHealth::new(
-                        &endpoint.name,
-                        common.health_epoch.clone(),
-                        telemetry.clone(),
-                    );
-                    Publisher::spawn(
-                        endpoint.clone(),
-                        publish_connectors[&endpoint.broker].0.clone(),
-                        Arc::new(health),
-                        common.publishers_stop.clone(),
-                        &common.background,
-                        telemetry.clone(),
-                    )
-                }
-            }
-        };
-        let old_publisher = |name: &str| {
-            previous.and_then(|p| p.publishers.all().find(|old| old.endpoint().name == name))
-        };
+        let publish_connectors = parts.publish_connectors();
+        let consume_connector = parts.consume_connector();
         let publishers = Publishers::new(
-            settings
-                .endpoints
-                .values()
-                .map(|endpoint| publisher(endpoint, old_publisher(&endpoint.name))),
+            settings.endpoints.values().filter_map(|endpoint| {
+                let old = previous.and_then(|p| {
+                    p.publishers
+                        .all()
+                        .find(|old| old.endpoint().name == endpoint.name)
+                });
+                parts.publisher(endpoint, old, &publish_connectors)
+            }),
             common.health_epoch.subscribe(),
         );
         let engine = Engine::new(
@@ -186,24 +132,7 @@ impl Generation {
             common.outages.clone(),
             telemetry.clone(),
         );
-        let republish = settings
-            .queue()
-            .filter(|(_, dl)| dl.mode == DeadLetterMode::Republish);
-        let dead_letters = republish.map(|(inbound, dl)| {
-            let endpoint = Arc::new(Endpoint {
-                name: DEAD_LETTER_ENDPOINT.to_owned(),
-                broker: inbound.broker.clone(),
-                exchange: dl.exchange.clone(),
-                routing_key: dl.routing_key.clone(),
-                declare_queue: None,
-                confirm_timeout: Duration::from_secs(5),
-                retries: 0,
-                headers: Vec::new(),
-                declare_queue_type: Default::default(),
-                probe_interval: Duration::from_secs(1),
-            });
-            publisher(&endpoint, previous.and_then(|p| p.dead_letters.as_ref()))
-        });
+        let dead_letters = parts.dead_letter_publisher(&publish_connectors);
         let settler = Settler::new(
             dead_letter_mode(&settings),
             dead_letters.as_ref().map(|publisher| {
@@ -215,12 +144,7 @@ impl Generation {
             source_queue(&settings),
             telemetry.clone(),
         );
-        let (max_hops, max_redeliveries) = limits(&settings);
-        // The same limits keep the redelivery memory: a poison message stays counted.
-        let screen = previous
-            .filter(|p| limits(&p.settings) == (max_hops, max_redeliveries))
-            .map(|p| p.screen.clone())
-            .unwrap_or_else(|| Arc::new(Screen::new(max_hops, max_redeliveries)));
+        let screen = parts.screen();
         let blocking = publish_connectors
             .values()
             .map(|c| c.0.blocking())
@@ -295,6 +219,127 @@ impl Generation {
         );
         generation.engine = Engine::new(publish, common.outages, telemetry);
         generation
+    }
+}
+
+/// What a new generation is built from: its settings, and the previous
+/// generation whose connectors and publishers it reuses where unchanged.
+struct Parts<'a> {
+    settings: &'a Settings,
+    previous: Option<&'a Generation>,
+    common: &'a Common,
+}
+
+impl Parts<'_> {
+    /// The previous generation, when broker `name` is unchanged in it.
+    fn reusable(&self, name: &str) -> Option<&Generation> {
+        self.previous.filter(|p| {
+            p.settings.name == self.settings.name
+                && p.settings.brokers.get(name) == self.settings.brokers.get(name)
+        })
+    }
+
+    fn connector(&self, spec: &Arc<crate::config::BrokerSpec>, role: Role) -> Arc<Shared> {
+        Arc::new(Shared(Connector::new(
+            spec.clone(),
+            &self.settings.name,
+            role,
+            self.common.background.clone(),
+            self.common.telemetry.clone(),
+        )))
+    }
+
+    /// One publishing connector per broker.
+    fn publish_connectors(&self) -> BTreeMap<String, Arc<Shared>> {
+        self.settings
+            .brokers
+            .iter()
+            .map(|(name, spec)| {
+                let shared = self
+                    .reusable(name)
+                    .and_then(|p| p.publish_connectors.get(name).cloned())
+                    .unwrap_or_else(|| self.connector(spec, Role::Publish));
+                (name.clone(), shared)
+            })
+            .collect()
+    }
+
+    /// The consuming connector, with an inbound queue.
+    fn consume_connector(&self) -> Option<Arc<Shared>> {
+        let broker = &self.settings.inbound()?.broker;
+        let reused = self
+            .reusable(broker)
+            .filter(|p| p.settings.inbound().map(|i| &i.broker) == Some(broker))
+            .and_then(|p| p.consume_connector.clone());
+        let spec = self.settings.brokers.get(broker)?;
+        Some(reused.unwrap_or_else(|| self.connector(spec, Role::Consume)))
+    }
+
+    /// The publisher of `endpoint`: `old` when neither it nor its broker
+    /// changed, else a new one (`None` for a broker the settings do not
+    /// define, which compiled settings never name).
+    fn publisher(
+        &self,
+        endpoint: &Arc<Endpoint>,
+        old: Option<&Publisher>,
+        connectors: &BTreeMap<String, Arc<Shared>>,
+    ) -> Option<Publisher> {
+        let unchanged = old.filter(|old| {
+            **old.endpoint() == **endpoint && self.reusable(&endpoint.broker).is_some()
+        });
+        if let Some(old) = unchanged {
+            return Some(old.clone());
+        }
+        let connector = connectors.get(&endpoint.broker)?.0.clone();
+        let telemetry = &self.common.telemetry;
+        let health = EndpointHealth::new(
+            &endpoint.name,
+            self.common.health_epoch.clone(),
+            telemetry.clone(),
+        );
+        Some(Publisher::spawn(
+            endpoint.clone(),
+            connector,
+            Arc::new(health),
+            self.common.publishers_stop.clone(),
+            &self.common.background,
+            telemetry.clone(),
+        ))
+    }
+
+    /// In `republish` mode, the publisher of dead letters.
+    fn dead_letter_publisher(
+        &self,
+        connectors: &BTreeMap<String, Arc<Shared>>,
+    ) -> Option<Publisher> {
+        let (inbound, dl) = self
+            .settings
+            .queue()
+            .filter(|(_, dl)| dl.mode == DeadLetterMode::Republish)?;
+        let endpoint = Arc::new(Endpoint {
+            name: DEAD_LETTER_ENDPOINT.to_owned(),
+            broker: inbound.broker.clone(),
+            exchange: dl.exchange.clone(),
+            routing_key: dl.routing_key.clone(),
+            declare_queue: None,
+            confirm_timeout: Duration::from_secs(5),
+            retries: 0,
+            headers: Vec::new(),
+            declare_queue_type: Default::default(),
+            probe_interval: Duration::from_secs(1),
+        });
+        let old = self.previous.and_then(|p| p.dead_letters.as_ref());
+        self.publisher(&endpoint, old, connectors)
+    }
+
+    /// The screen; the previous one when its limits are the same, so a
+    /// poison message stays counted.
+    fn screen(&self) -> Arc<Screen> {
+        let (max_hops, max_redeliveries) = limits(self.settings);
+        self.previous
+            .filter(|p| limits(&p.settings) == (max_hops, max_redeliveries))
+            .map(|p| p.screen.clone())
+            .unwrap_or_else(|| Arc::new(Screen::new(max_hops, max_redeliveries)))
     }
 }
 
