@@ -18,10 +18,12 @@
 //! full, the connection is lost, no confirm) stops the run with what it did.
 
 use super::error::{DlqError, Redriven, Stop};
-use super::record::{Missing, redrive_properties};
+use super::record::{Missing, Record, redrive_properties};
 use super::scan::{Scan, Selection, open, queue_side};
-use crate::broker::RepublishError;
+use crate::broker::{DlqReader, RepublishError};
 use crate::config::Settings;
+use crate::envelope::Envelope;
+use crate::wire::Trust;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::future::Future;
 use std::io::Write;
@@ -45,26 +47,22 @@ pub async fn redrive(
     let (inbound, dead_letter) = queue_side(settings)?;
     let inbound_broker = inbound.broker.as_str();
     let inbound = inbound.queue.as_str();
-    let bar = if progress && queued >= PROGRESS_FROM {
-        let bar = ProgressBar::new(u64::from(queued));
-        if let Ok(style) = ProgressStyle::with_template("{bar:40} {pos}/{len} read, {msg}") {
-            bar.set_style(style);
-        }
-        bar
-    } else {
-        ProgressBar::hidden()
-    };
+    let bar = progress_bar(progress, queued);
     let mut scan = Scan::new(settings, selection, queued);
-    // The redriving user, which the copies carry as `user_id`.
-    let user = settings.brokers.get(inbound_broker).and_then(|b| b.user());
-    let mut done = Redriven {
-        from: dead_letter.queue.clone().unwrap_or_default(),
-        to: inbound.to_owned(),
-        counts: scan.counts,
-        redriven: 0,
-        refused: 0,
-        held: 0,
+    let mut pass = Pass {
+        inbound,
+        // The redriving user, which the copies carry as `user_id`.
+        user: settings.brokers.get(inbound_broker).and_then(|b| b.user()),
         dry_run,
+        done: Redriven {
+            from: dead_letter.queue.clone().unwrap_or_default(),
+            to: inbound.to_owned(),
+            counts: scan.counts,
+            redriven: 0,
+            refused: 0,
+            held: 0,
+            dry_run,
+        },
     };
     let mut interrupt = std::pin::pin!(interrupt);
     let outcome: Result<(), Stop> = loop {
@@ -79,75 +77,16 @@ pub async fn redrive(
             Err(e) => break Err(e.into()),
         };
         bar.set_position(scan.counts.seen);
-        let id = record.message_id.as_deref().unwrap_or("-");
-        let only = match record.missing() {
-            Missing::Every => Vec::new(),
-            Missing::Only(branches) => branches,
-            Missing::Nothing => {
-                let line = if dry_run {
-                    format!("would remove {id}: every branch already holds it")
-                } else if let Err(e) = reader.ack(message.delivery_tag).await {
-                    break Err(Stop::NotRemoved {
-                        id: id.to_owned(),
-                        error: e,
-                    });
-                } else {
-                    done.held += 1;
-                    format!("removed {id}: every branch already holds it")
-                };
-                if let Err(e) = writeln!(out, "{line}") {
-                    break Err(Stop::Output(e));
-                }
-                continue;
-            }
-        };
-        if dry_run {
-            let to = if only.is_empty() && !record.annotated {
-                "every branch (no record of the forwarder's on it)".to_owned()
-            } else if only.is_empty() {
-                "every branch".to_owned()
-            } else {
-                format!("only {}", only.join(", "))
-            };
-            let reason = record.reason.as_deref().unwrap_or("-");
-            if let Err(e) = writeln!(out, "would redrive {id} ({reason}) to {inbound}: {to}") {
-                break Err(Stop::Output(e));
-            }
-            continue;
+        if let Err(stop) = pass
+            .one(&mut reader, out, &scan.trust, &message, &record)
+            .await
+        {
+            break Err(stop);
         }
-        let properties = redrive_properties(&message, &only, user.as_deref(), &scan.trust);
-        match reader.republish(inbound, properties, &message.body).await {
-            Ok(()) => {}
-            Err(RepublishError::Refused(why)) => {
-                done.refused += 1;
-                let _ = writeln!(out, "left {id} in place: refused by the broker: {why}");
-                continue;
-            }
-            Err(error @ RepublishError::Returned { .. }) => {
-                break Err(Stop::Returned {
-                    id: id.to_owned(),
-                    inbound: inbound.to_owned(),
-                    error,
-                });
-            }
-            Err(error) => {
-                break Err(Stop::NotConfirmed {
-                    id: id.to_owned(),
-                    error,
-                });
-            }
-        }
-        if let Err(error) = reader.ack(message.delivery_tag).await {
-            break Err(Stop::InBoth {
-                id: id.to_owned(),
-                inbound: inbound.to_owned(),
-                error,
-            });
-        }
-        done.redriven += 1;
-        bar.set_message(format!("{} redriven", done.redriven));
+        bar.set_message(format!("{} redriven", pass.done.redriven));
     };
     bar.finish_and_clear();
+    let mut done = pass.done;
     done.counts = scan.counts;
     let finished = reader.finish().await;
     match (outcome, finished) {
@@ -163,5 +102,116 @@ pub async fn redrive(
             out.flush()?;
             Ok(done)
         }
+    }
+}
+
+/// A bar on stderr while a run of at least [`PROGRESS_FROM`] messages
+/// goes on; hidden otherwise.
+fn progress_bar(progress: bool, queued: u32) -> ProgressBar {
+    if !progress || queued < PROGRESS_FROM {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(u64::from(queued));
+    if let Ok(style) = ProgressStyle::with_template("{bar:40} {pos}/{len} read, {msg}") {
+        bar.set_style(style);
+    }
+    bar
+}
+
+/// One run's settings and what it did so far.
+struct Pass<'a> {
+    inbound: &'a str,
+    user: Option<String>,
+    dry_run: bool,
+    done: Redriven,
+}
+
+impl Pass<'_> {
+    /// Redrives one selected dead letter (or removes it, when every branch
+    /// holds it; or says what it would do, in a dry run); `Err` stops the
+    /// run.
+    async fn one(
+        &mut self,
+        reader: &mut DlqReader,
+        out: &mut (dyn Write + Send),
+        trust: &Trust,
+        message: &Envelope,
+        record: &Record,
+    ) -> Result<(), Stop> {
+        let id = record.message_id.as_deref().unwrap_or("-");
+        let only = match record.missing() {
+            Missing::Every => Vec::new(),
+            Missing::Only(branches) => branches,
+            Missing::Nothing => return self.remove(reader, out, message, id).await,
+        };
+        if self.dry_run {
+            let to = if only.is_empty() && !record.annotated {
+                "every branch (no record of the forwarder's on it)".to_owned()
+            } else if only.is_empty() {
+                "every branch".to_owned()
+            } else {
+                format!("only {}", only.join(", "))
+            };
+            let reason = record.reason.as_deref().unwrap_or("-");
+            let inbound = self.inbound;
+            return writeln!(out, "would redrive {id} ({reason}) to {inbound}: {to}")
+                .map_err(Stop::Output);
+        }
+        let properties = redrive_properties(message, &only, self.user.as_deref(), trust);
+        match reader
+            .republish(self.inbound, properties, &message.body)
+            .await
+        {
+            Ok(()) => {}
+            Err(RepublishError::Refused(why)) => {
+                self.done.refused += 1;
+                let _ = writeln!(out, "left {id} in place: refused by the broker: {why}");
+                return Ok(());
+            }
+            Err(error @ RepublishError::Returned { .. }) => {
+                return Err(Stop::Returned {
+                    id: id.to_owned(),
+                    inbound: self.inbound.to_owned(),
+                    error,
+                });
+            }
+            Err(error) => {
+                return Err(Stop::NotConfirmed {
+                    id: id.to_owned(),
+                    error,
+                });
+            }
+        }
+        if let Err(error) = reader.ack(message.delivery_tag).await {
+            return Err(Stop::InBoth {
+                id: id.to_owned(),
+                inbound: self.inbound.to_owned(),
+                error,
+            });
+        }
+        self.done.redriven += 1;
+        Ok(())
+    }
+
+    /// Removes a dead letter every branch already holds.
+    async fn remove(
+        &mut self,
+        reader: &mut DlqReader,
+        out: &mut (dyn Write + Send),
+        message: &Envelope,
+        id: &str,
+    ) -> Result<(), Stop> {
+        let line = if self.dry_run {
+            format!("would remove {id}: every branch already holds it")
+        } else if let Err(e) = reader.ack(message.delivery_tag).await {
+            return Err(Stop::NotRemoved {
+                id: id.to_owned(),
+                error: e,
+            });
+        } else {
+            self.done.held += 1;
+            format!("removed {id}: every branch already holds it")
+        };
+        writeln!(out, "{line}").map_err(Stop::Output)
     }
 }
