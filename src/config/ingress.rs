@@ -2,7 +2,7 @@
 
 use super::error::InvalidKey;
 use super::raw::RawHttpIngress;
-use super::{HttpIngress, IdentityError, read_client_identity};
+use super::{ClientIdentity, HttpIngress, IdentityError, read_client_identity};
 use std::time::Duration;
 
 /// The headers that mean something to HTTP itself: never copied into a
@@ -64,8 +64,29 @@ pub(super) fn compile_http(raw: &RawHttpIngress, prefetch: u16) -> Result<HttpIn
     if max_in_flight == 0 {
         return Err(InvalidKey::new(key("max_in_flight"), "must be at least 1"));
     }
+    let forward_headers = compile_forward_headers(&raw.forward_headers)?;
+    let tls = compile_tls(raw)?;
+    Ok(HttpIngress {
+        listen,
+        max_body_bytes: raw.max_body_bytes,
+        max_in_flight,
+        request_timeout: Duration::from_millis(raw.request_timeout_ms),
+        body_timeout: Duration::from_millis(raw.body_timeout_ms),
+        tokens: raw.tokens.iter().map(|t| t.trim().to_owned()).collect(),
+        forward_headers,
+        idempotency_ttl: Duration::from_millis(raw.idempotency_ttl_ms),
+        idempotency_max_keys: raw.idempotency_max_keys as usize,
+        max_connections: raw.max_connections as usize,
+        header_timeout: Duration::from_millis(raw.header_timeout_ms),
+        tls,
+    })
+}
+
+/// `forward_headers`, lower-cased, each an HTTP header name that may be
+/// forwarded (no credential, none of HTTP's own or the forwarder's).
+fn compile_forward_headers(names: &[String]) -> Result<Vec<String>, InvalidKey> {
     let mut forward_headers = Vec::new();
-    for (i, name) in raw.forward_headers.iter().enumerate() {
+    for (i, name) in names.iter().enumerate() {
         let lower = name.trim().to_ascii_lowercase();
         if hyper::header::HeaderName::from_bytes(lower.as_bytes()).is_err() {
             return Err(InvalidKey::new(
@@ -90,7 +111,13 @@ pub(super) fn compile_http(raw: &RawHttpIngress, prefetch: u16) -> Result<HttpIn
         }
         forward_headers.push(lower);
     }
-    let tls = match (&raw.cert_file, &raw.key_file) {
+    Ok(forward_headers)
+}
+
+/// The listener's certificate and key, both or neither.
+fn compile_tls(raw: &RawHttpIngress) -> Result<Option<ClientIdentity>, InvalidKey> {
+    let key = |k: &str| format!("ingress.http.{k}");
+    Ok(match (&raw.cert_file, &raw.key_file) {
         (None, None) => None,
         (Some(cert), Some(key_file)) => {
             Some(read_client_identity(cert, key_file).map_err(|e| match e {
@@ -110,20 +137,6 @@ pub(super) fn compile_http(raw: &RawHttpIngress, prefetch: u16) -> Result<HttpIn
                 "missing: key_file needs its certificate",
             ));
         }
-    };
-    Ok(HttpIngress {
-        listen,
-        max_body_bytes: raw.max_body_bytes,
-        max_in_flight,
-        request_timeout: Duration::from_millis(raw.request_timeout_ms),
-        body_timeout: Duration::from_millis(raw.body_timeout_ms),
-        tokens: raw.tokens.iter().map(|t| t.trim().to_owned()).collect(),
-        forward_headers,
-        idempotency_ttl: Duration::from_millis(raw.idempotency_ttl_ms),
-        idempotency_max_keys: raw.idempotency_max_keys as usize,
-        max_connections: raw.max_connections as usize,
-        header_timeout: Duration::from_millis(raw.header_timeout_ms),
-        tls,
     })
 }
 

@@ -153,6 +153,8 @@ pub(super) struct Metrics {
 }
 
 impl Metrics {
+    // One registration per metric, in the order docs/operations.md lists
+    // them: long, but split it would scatter one list over several places.
     pub(super) fn new() -> Self {
         let mut metrics = Self {
             registry: Registry::default(),

@@ -119,6 +119,7 @@ impl<'a> QueueSpec<'a> {
 /// redeclares it until the broker accepts: each refusal over an argument
 /// that does not matter adopts the queue's own value; one over an argument
 /// that matters is an error.
+// Kept as one loop (81 lines): declare, read the refusal, adopt or fail.
 pub(super) async fn ensure_queue(
     connector: &Connector,
     spec: &QueueSpec<'_>,

@@ -122,6 +122,9 @@ impl BranchRun {
     /// Delivers the last message of `run` (every earlier one is delivered
     /// on this branch already). `first` is that message's publish to the
     /// current endpoint when it is already on the wire ([`Self::submit`]).
+    // Kept whole (about 100 lines): the failover rules (retry, skip a down
+    // endpoint, isolate a suspect, wait out an outage, replay) read as one
+    // walk down the list; split, each rule would lose the state it shares.
     pub async fn deliver(
         &mut self,
         run: &[Arc<Envelope>],
