@@ -9,23 +9,25 @@
 //!
 //! # Layout
 //!
-//! Modules import one way: the leaves ([`amqp`], [`uri`], [`destination`],
-//! [`wire`], [`backoff`], [`errors`], [`listen`], [`telemetry`]) import no other module
-//! of the crate; then the envelope, the configuration and routing, the
-//! broker, the pipeline, and the commands.
+//! Modules import one way: the leaves ([`amqp`], `uri`, `destination`,
+//! `wire`, `backoff`, [`errors`], `recent`, [`listen`], [`telemetry`])
+//! import no other module of the crate; then the envelope, the
+//! configuration and routing, the broker, the pipeline, and the commands.
+//! Modules the binary, the tests and the benchmarks do not use are private
+//! to the crate.
 //!
 //! - [`amqp`]: the AMQP value types messages are made of.
-//! - [`uri`]: broker URIs checked, compared and shown without passwords.
-//! - [`destination`]: endpoints, queue types and dead-letter settings.
-//! - [`wire`]: every `x-switchyard-*` header the forwarder reads or writes.
-//! - [`backoff`] and [`errors`]: the one backoff; an error and its causes
-//!   on one line.
+//! - `uri`: broker URIs checked, compared and shown without passwords.
+//! - `destination`: endpoints, queue types and dead-letter settings.
+//! - `wire`: every `x-switchyard-*` header the forwarder reads or writes.
+//! - `backoff`, [`errors`] and `recent`: the one backoff; an error and its
+//!   causes on one line; keys producers name, bounded by age and count.
 //! - [`config`]: the TOML file (raw serde types) and its compilation into
 //!   [`config::Settings`], which only `compile` makes and so cannot be
 //!   invalid.
 //! - [`routing`]: filters and the compiled filter table. Pure, no I/O.
 //! - [`envelope`]: the inbound message as the pipeline sees it.
-//! - [`pipeline`]: consume → screen → route → deliver → settle, one
+//! - `pipeline`: consume → screen → route → deliver → settle, one
 //!   configuration generation per transaction; deliver is one engine for
 //!   independent messages and sessions.
 //! - [`broker`]: every lapin connection and channel: connectors, confirm
@@ -34,7 +36,7 @@
 //! - [`telemetry`]: log events and metrics, named once, in a handle.
 //! - [`ingress`]: the HTTP ingress: requests become messages through the
 //!   pipeline's intake, answered with what happened to every branch.
-//! - [`admin`]: the HTTP endpoint: `/healthz`, `/readyz`, `/metrics`.
+//! - `admin`: the HTTP endpoint: `/healthz`, `/readyz`, `/metrics`.
 //! - [`dlq`]: `dlq inspect` and `dlq redrive`, the dead-letter queue read
 //!   in place.
 //! - [`reload`]: new configurations on SIGHUP and on a change of the file.

@@ -5,7 +5,7 @@
 //! one on SIGHUP and one whenever the file's content changes on disk
 //! (polled, so an editor's save-by-rename, a symlink swap or a copy over it
 //! all count; a change is taken once the content has held still for one
-//! poll). The forwarder ([`crate::Forwarder::reloads`]) validates and
+//! poll). The forwarder (`Forwarder::reloads`) validates and
 //! prepares each and switches to it as one unit; a rejected one is logged
 //! in one line and changes nothing. A reload never ends the process.
 

@@ -16,7 +16,7 @@
 //! - `error`: broker errors with their reply codes, classified by fault.
 //! - `health`: endpoint health, marked by publishers, read by deliveries.
 //! - `registry`: the publishers of one configuration by endpoint, behind
-//!   the [`Publish`] seam the delivery engine uses.
+//!   the `Publish` seam the delivery engine uses.
 //! - [`frame_size`]: content header size, checked before publishing.
 //! - `tls`: the PEM files of `amqps://` brokers, read at load time, and
 //!   TLS failures told apart from other connect errors.

@@ -1,4 +1,4 @@
-//! Configuration in two layers: [`raw`] is the TOML file as written (serde,
+//! Configuration in two layers: `raw` is the TOML file as written (serde,
 //! unknown keys rejected); [`compile`] resolves every name and produces
 //! [`Settings`], which cannot be invalid: every reference resolved, every
 //! endpoint list non-empty, every filter compiled.

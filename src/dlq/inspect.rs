@@ -17,7 +17,7 @@ use std::io::Write;
 pub enum Format {
     /// Aligned columns, details on indented lines.
     Table,
-    /// One JSON object per line (see [`Record::to_json`] for the keys).
+    /// One JSON object per line (see `Record::to_json` for the keys).
     Json,
 }
 

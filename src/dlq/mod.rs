@@ -14,7 +14,7 @@
 //!
 //! - `scan`: which dead letters a command takes ([`Selection`]) and the
 //!   walk that takes them.
-//! - [`record`]: one dead letter read (annotations, `x-death`, body
+//! - `record`: one dead letter read (annotations, `x-death`, body
 //!   preview) and the copy redrive publishes. Pure.
 //! - `error`: why a command failed, and what a scan and a redrive did.
 //! - `inspect`: the listing, a table or JSON lines.

@@ -5,7 +5,7 @@
 //! record; the same key with another request is a conflict; a retry while
 //! the first try still runs waits for it.
 //!
-//! Memory is bounded ([`crate::recent`], the map closed sessions use too):
+//! Memory is bounded (`recent`, the map closed sessions use too):
 //! a key is forgotten `idempotency_ttl_ms` after its last use, and past
 //! `idempotency_max_keys` the least recently used is forgotten first (never
 //! one whose try runs). A record keeps its key once and no copy of the

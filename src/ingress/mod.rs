@@ -2,7 +2,7 @@
 //! send `POST /messages/{routing_key}` (or `PUT`) and the request becomes a
 //! message that goes through the same screen, filter table, multicast,
 //! backup walk and sessions as a consumed one. The answer says what
-//! happened ([`answer`] lists every status): `202` only once every branch's
+//! happened (`answer` lists every status): `202` only once every branch's
 //! copy is confirmed. Requests are never dead-lettered; the caller holds
 //! the outcome, and a retry with the same `Idempotency-Key` sends only the
 //! branches not confirmed yet ([`idempotency`]).
@@ -11,7 +11,7 @@
 //! bearer token (401), the path and method (404, 405), a transfer coding
 //! other than chunked (501), `Content-Length` against `max_body_bytes`
 //! (413), the body within the limit and `body_timeout_ms` (413, 408), the
-//! message ([`request`], 400), a slot of `max_in_flight` (429), so that a
+//! message (`request`, 400), a slot of `max_in_flight` (429), so that a
 //! body still arriving holds no slot, the key's record (200, 409),
 //! then the intake: screened and routed (404, 415, 400, 409, 503), and
 //! delivered by a task of the forwarder's that records its outcome even when

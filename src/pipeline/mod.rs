@@ -1,19 +1,22 @@
-//! The forwarding pipeline: consume → screen → route → deliver → settle.
+//! The forwarding pipeline: consume → admit (screen, session, route) →
+//! deliver → settle, with a second source, the intake, answering instead
+//! of settling.
 //!
 //! - `consume`: deliveries → envelopes under peek-lock, one transaction
 //!   task each, reconnecting the consumer when it is lost.
-//! - [`screen`]: the verdict for a message that must not be forwarded.
-//! - route: [`crate::routing`], pure.
+//! - `admit`: the one place a message is screened ([`screen`]), placed in
+//!   its session and routed ([`crate::routing`], pure), for both sources.
 //! - [`engine`]: deliver, the one delivery engine: a branch delivers an
 //!   ordered run of messages down its endpoint list (a run of one for an
 //!   independent message), backup lists walked.
-//! - [`sessions`]: what only sessions have (slots, limits, idle and closed
-//!   sessions), driving the engine with a run that grows as they arrive.
+//! - [`sessions`]: one session set for both sources (slots, limits, idle
+//!   and closed sessions), driving the engine with a run that grows as
+//!   messages arrive.
 //! - `live`: the live generation, switched on reload.
 //! - [`outcome`]: branch outcomes and the verdict they reach.
 //! - [`settle`]: verdict → ack or dead letter.
-//! - [`intake`]: messages from the HTTP ingress, through the same screen,
-//!   routing and engine, their outcome answered rather than settled.
+//! - [`intake`]: messages from the HTTP ingress, admitted as consumed ones
+//!   are, their outcome answered rather than settled.
 //! - `generation`: one live configuration compiled into all of the above,
 //!   swapped as one unit on reload.
 //!
