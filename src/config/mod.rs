@@ -1,5 +1,5 @@
 //! Configuration in two layers: `raw` is the TOML file as written (serde,
-//! unknown keys rejected); [`compile`] resolves every name and produces
+//! unknown keys rejected); `compile` resolves every name and produces
 //! [`Settings`], which cannot be invalid: every reference resolved, every
 //! endpoint list non-empty, every filter compiled.
 
@@ -26,7 +26,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A validated configuration. Only [`compile`] makes one (its
+/// A validated configuration. Only `compile` makes one (its
 /// [`Compiled`] field cannot be made elsewhere), so a `Settings` always
 /// passed every check; its fields are public to be read, but for the
 /// inbound queue and its dead letters, which come together and are read
@@ -55,7 +55,7 @@ pub struct Settings {
     pub sessions: Option<Sessions>,
     /// The HTTP ingress; `None` when `[ingress.http]` is absent.
     pub http: Option<HttpIngress>,
-    /// Proof that [`compile`] made it.
+    /// Proof that `compile` made it.
     pub compiled: Compiled,
 }
 
@@ -80,7 +80,7 @@ impl Settings {
     }
 }
 
-/// The mark of a [`Settings`] that [`compile`] made: it has no public
+/// The mark of a [`Settings`] that `compile` made: it has no public
 /// constructor.
 #[derive(Debug, Clone, Copy)]
 pub struct Compiled(());
@@ -282,13 +282,13 @@ impl ClientIdentity {
 }
 
 impl BrokerSpec {
-    /// A broker without TLS material; `uri` was validated by [`compile`].
+    /// A broker without TLS material; `uri` was validated by `compile`.
     pub fn new(name: impl Into<String>, uri: impl Into<String>) -> Self {
         Self::cluster(name, vec![uri.into()])
     }
 
     /// A broker of several nodes, preferred first; `uris` were validated
-    /// by [`compile`] (not empty, one vhost and user).
+    /// by `compile` (not empty, one vhost and user).
     pub fn cluster(name: impl Into<String>, uris: Vec<String>) -> Self {
         Self {
             name: name.into(),
