@@ -132,8 +132,8 @@ mod tests {
         let queue = Sessions::new(tracker.clone(), abandon.clone(), telemetry.clone());
         let http = HttpSessions::new(tracker, abandon, telemetry, route_for_caller);
         [
-            admit(&generation, envelope, &queue),
-            admit(&generation, envelope, &http),
+            admit(&generation, envelope, queue.membership()),
+            admit(&generation, envelope, http.membership()),
         ]
     }
 
@@ -147,6 +147,13 @@ mod tests {
 
     fn plain() -> Settings {
         settings(&["a"], "service", SESSIONS)
+    }
+
+    /// One branch whose entry takes filter `kind`, of the TOML `filter`.
+    fn filtered(filter: &str) -> Settings {
+        let toml = crate::pipeline::testkit::settings_toml(&["a"], "service", "")
+            .replace("filter = \"all\"", "filter = \"kind\"");
+        crate::pipeline::testkit::load(&format!("{toml}\n[filters.kind]\n{filter}"))
     }
 
     fn changed(envelope: &Envelope, change: impl FnOnce(&mut Envelope)) -> Envelope {
@@ -221,10 +228,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_message_no_filter_matches_is_no_route_from_both_sources() {
-        let filtered = "[filters.kind]\ntype = \"header\"\nheader = \"kind\"\nexists = true\n";
-        let toml = crate::pipeline::testkit::settings_toml(&["a"], "service", "")
-            .replace("filter = \"all\"", "filter = \"kind\"");
-        let settings = crate::pipeline::testkit::load(&format!("{toml}\n{filtered}"));
+        let settings = filtered("type = \"header\"\nheader = \"kind\"\nexists = true\n");
         for barred in barred(from_both(settings, &envelope("m", &[]))) {
             assert_eq!(
                 barred,
@@ -237,10 +241,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_body_no_body_filter_can_read_is_no_route_saying_so_from_both_sources() {
-        let json = "[filters.kind]\ntype = \"json\"\npointer = \"/kind\"\nexists = true\n";
-        let toml = crate::pipeline::testkit::settings_toml(&["a"], "service", "")
-            .replace("filter = \"all\"", "filter = \"kind\"");
-        let settings = crate::pipeline::testkit::load(&format!("{toml}\n{json}"));
+        let settings = filtered("type = \"json\"\npointer = \"/kind\"\nexists = true\n");
         let unreadable = changed(&envelope("m", &[]), |e| e.body = b"not json".to_vec());
         for barred in barred(from_both(settings, &unreadable)) {
             assert_eq!(

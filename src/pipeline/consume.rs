@@ -359,7 +359,7 @@ impl Consumer {
         }
         let envelope = Arc::new(envelope);
         let generation = consumer.live.current();
-        let started = match admit(&generation, &envelope, &consumer.sessions) {
+        let started = match admit(&generation, &envelope, consumer.sessions.membership()) {
             Admission::Session {
                 id,
                 generation,

@@ -79,7 +79,7 @@ impl Intake {
             return Err(NotTaken::Blocked);
         }
         let envelope = Arc::new(envelope);
-        match admit(&generation, &envelope, &self.sessions) {
+        match admit(&generation, &envelope, self.sessions.membership()) {
             Admission::Barred(barred)
             | Admission::Session {
                 barred: Some(barred),

@@ -71,17 +71,12 @@ pub(crate) struct HttpSessions {
     set: SessionSet<Request>,
 }
 
-impl Membership for HttpSessions {
-    fn member(
-        &self,
-        envelope: &Envelope,
-        generation: &Arc<Generation>,
-    ) -> Option<(Arc<str>, Arc<Generation>)> {
-        self.set.member(envelope, generation)
-    }
-}
-
 impl HttpSessions {
+    /// Which session a message belongs to, for [`crate::pipeline::admit`].
+    pub(crate) fn membership(&self) -> &impl Membership {
+        &self.set
+    }
+
     /// No session open yet; their tasks run on `tracker` within the
     /// shutdown bound `abandon`, choosing branches with `route`.
     pub(crate) fn new(

@@ -39,17 +39,12 @@ pub(crate) struct Sessions {
     telemetry: Telemetry,
 }
 
-impl Membership for Sessions {
-    fn member(
-        &self,
-        envelope: &Envelope,
-        generation: &Arc<Generation>,
-    ) -> Option<(Arc<str>, Arc<Generation>)> {
-        self.set.member(envelope, generation)
-    }
-}
-
 impl Sessions {
+    /// Which session a message belongs to, for [`crate::pipeline::admit`].
+    pub(crate) fn membership(&self) -> &impl Membership {
+        &self.set
+    }
+
     pub(crate) fn new(
         tracker: TaskTracker,
         abandon: CancellationToken,

@@ -13,6 +13,7 @@
 use super::membership::session_id;
 use crate::config;
 use crate::envelope::Envelope;
+use crate::pipeline::admit::Membership;
 use crate::pipeline::generation::Generation;
 use crate::recent::Recent;
 use crate::telemetry::Telemetry;
@@ -171,28 +172,6 @@ impl<T: Item> SessionSet<T> {
         self.registry
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// The session `envelope` belongs to, with the generation it is to be
-    /// placed under; `None` for an independent message. A session open
-    /// (or waiting) claims its messages first, by the id header it opened
-    /// with: it finishes under the `[sessions]` settings it started with,
-    /// whatever a reload changed since (sessions turned off, the header
-    /// renamed, the limits changed). Otherwise the live `generation`'s
-    /// settings say, and a new session opens under them.
-    pub(crate) fn member(
-        &self,
-        envelope: &Envelope,
-        generation: &Arc<Generation>,
-    ) -> Option<(Arc<str>, Arc<Generation>)> {
-        if self.live.load(Ordering::Relaxed) > 0 {
-            let registry = self.lock();
-            if let Some(claimed) = registry.claim(envelope) {
-                return Some(claimed);
-            }
-        }
-        let config = generation.settings.sessions.as_ref()?;
-        session_id(envelope, config).map(|id| (id, generation.clone()))
     }
 
     /// Places `item` in session `id`, under `generation` (from
@@ -368,6 +347,30 @@ impl<T: Item> SessionSet<T> {
     fn count_live(&self, registry: &Registry<T>) {
         let live = registry.open.len() + registry.waiting_sets.len();
         self.live.store(live, Ordering::Relaxed);
+    }
+}
+
+impl<T: Item> Membership for SessionSet<T> {
+    /// The session `envelope` belongs to, with the generation it is to be
+    /// placed under; `None` for an independent message. A session open
+    /// (or waiting) claims its messages first, by the id header it opened
+    /// with: it finishes under the `[sessions]` settings it started with,
+    /// whatever a reload changed since (sessions turned off, the header
+    /// renamed, the limits changed). Otherwise the live `generation`'s
+    /// settings say, and a new session opens under them.
+    fn member(
+        &self,
+        envelope: &Envelope,
+        generation: &Arc<Generation>,
+    ) -> Option<(Arc<str>, Arc<Generation>)> {
+        if self.live.load(Ordering::Relaxed) > 0 {
+            let registry = self.lock();
+            if let Some(claimed) = registry.claim(envelope) {
+                return Some(claimed);
+            }
+        }
+        let config = generation.settings.sessions.as_ref()?;
+        session_id(envelope, config).map(|id| (id, generation.clone()))
     }
 }
 

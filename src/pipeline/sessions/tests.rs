@@ -75,9 +75,8 @@ impl Bench {
             Ok(permit) => permit,
             Err(e) => panic!("{e}"),
         };
-        let Some((session, generation)) = self.sessions.member(&envelope, &self.generation) else {
-            panic!("{} belongs to no session", envelope.message_id());
-        };
+        let (session, generation) =
+            session_of(self.sessions.membership(), &envelope, &self.generation);
         let arrival = Arrival {
             refused: generation.screen.check(&envelope),
             envelope,
@@ -99,12 +98,27 @@ impl Bench {
     /// Whether a message with `header: id` would belong to a session now.
     fn is_member(&self, header: &str, id: &str) -> bool {
         let envelope = envelope("probe", &[(header, AmqpValue::LongString(id.into()))]);
-        self.sessions.member(&envelope, &self.generation).is_some()
+        self.sessions
+            .membership()
+            .member(&envelope, &self.generation)
+            .is_some()
     }
 
     fn dead_lettered(&self, reason: &str) -> f64 {
         let series = format!(r#"switchyard_dead_lettered_total{{reason="{reason}"}}"#);
         sample(&self.telemetry.render(), &series).unwrap_or(0.0)
+    }
+}
+
+/// The session `envelope` belongs to, and the generation it goes under.
+fn session_of(
+    sessions: &impl Membership,
+    envelope: &Envelope,
+    generation: &Arc<Generation>,
+) -> (Arc<str>, Arc<Generation>) {
+    match sessions.member(envelope, generation) {
+        Some(member) => member,
+        None => panic!("{} belongs to no session", envelope.message_id()),
     }
 }
 
@@ -140,9 +154,7 @@ impl Callers {
             headers.push(("session-end", AmqpValue::Boolean(true)));
         }
         let envelope = envelope(&format!("{id}-{n}"), &headers);
-        let Some((id, generation)) = self.sessions.member(&envelope, &self.generation) else {
-            panic!("{} belongs to no session", envelope.message_id());
-        };
+        let (id, generation) = session_of(self.sessions.membership(), &envelope, &self.generation);
         let answer = self
             .sessions
             .submit(id, envelope, &generation, CancellationToken::new())?;
