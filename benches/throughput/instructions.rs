@@ -9,13 +9,17 @@
 //! cancelled out. It counts user-space instructions of every thread of the
 //! process (the runtime's worker and lapin's I/O threads alike), not the
 //! kernel's work for sockets and thread wake-ups, which `perf` shows.
+//!
+//! With `--against`, the forwarder rows run for both builds in every
+//! round, from the same backlogs, and a second table puts the two counts
+//! side by side with the median of the per-round ratios.
 
 use std::sync::Arc;
 
 use crate::modes::{queues_label, run_at_backlogs};
 use crate::opts::Opts;
 use crate::report::median;
-use crate::rows::{Ctx, Outcome, Row};
+use crate::rows::{Build, Ctx, Outcome, Row};
 
 pub async fn run(
     opts: &Opts,
@@ -32,22 +36,42 @@ pub async fn run(
         opts.rounds
     );
     println!("{}", table(&all, rows, opts.rounds, (small, large)));
+    if let Some(against) = &ctx.against {
+        println!(
+            "## Instructions per message, this build against {}\n",
+            against.label
+        );
+        println!(
+            "{}",
+            side_by_side(&all, rows, opts.rounds, (small, large), &against.label)
+        );
+    }
     // Only what the after-run checks found: the timing caveats of the
     // other modes do not apply to counted instructions.
     for o in &all {
         for note in &o.notes {
-            println!("NOTE round {} {}: {note}", o.plan.round, o.plan.row.label());
+            println!("NOTE round {} {}: {note}", o.plan.round, o.plan.label());
         }
     }
     Ok(())
 }
 
-/// Instructions per message of `row` in `round`: the difference of its two
-/// runs over the difference of their backlogs.
-fn per_message(all: &[Outcome], row: Row, round: u32, (small, large): (u64, u64)) -> Option<f64> {
+/// Instructions per message of `row` by `build` in `round`: the
+/// difference of its two runs over the difference of their backlogs.
+fn per_message(
+    all: &[Outcome],
+    (row, build): (Row, Build),
+    round: u32,
+    (small, large): (u64, u64),
+) -> Option<f64> {
     let total = |backlog: u64| {
         all.iter()
-            .find(|o| o.plan.row == row && o.plan.round == round && o.plan.backlog == backlog)
+            .find(|o| {
+                o.plan.row == row
+                    && o.plan.build == build
+                    && o.plan.round == round
+                    && o.plan.backlog == backlog
+            })
             .and_then(|o| o.instructions)
     };
     let (low, high) = (total(small)?, total(large)?);
@@ -68,7 +92,7 @@ fn table(all: &[Outcome], rows: &[Row], rounds: u32, backlogs: (u64, u64)) -> St
         .iter()
         .map(|&row| {
             let values: Vec<f64> = (1..=rounds)
-                .filter_map(|round| per_message(all, row, round, backlogs))
+                .filter_map(|round| per_message(all, (row, Build::This), round, backlogs))
                 .collect();
             let low = values.iter().copied().reduce(f64::min);
             let high = values.iter().copied().reduce(f64::max);
@@ -111,6 +135,44 @@ fn table(all: &[Outcome], rows: &[Row], rounds: u32, backlogs: (u64, u64)) -> St
             each.join(" "),
             thousands(per_copy),
             thousands(above),
+        ));
+    }
+    out
+}
+
+/// Each forwarder row of `rows` by this build and by the other (`label`):
+/// both medians, the median of the per-round ratios this / other, and
+/// those ratios round by round.
+fn side_by_side(
+    all: &[Outcome],
+    rows: &[Row],
+    rounds: u32,
+    backlogs: (u64, u64),
+    label: &str,
+) -> String {
+    let thousands = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{:.1}k", v / 1000.0));
+    let mut out = format!(
+        "| row | this | {label} | this / {label} | by round | per copy this | per copy {label} |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+    );
+    for &row in rows.iter().filter(|r| r.is_forwarder()) {
+        let count = |build: Build, round: u32| per_message(all, (row, build), round, backlogs);
+        let of = |build: Build| median((1..=rounds).filter_map(|r| count(build, r)).collect());
+        let ratios: Vec<f64> = (1..=rounds)
+            .filter_map(|r| Some(count(Build::This, r)? / count(Build::Against, r)?))
+            .collect();
+        let each: Vec<String> = ratios.iter().map(|v| format!("{v:.3}")).collect();
+        let per_copy = |v: Option<f64>| v.map(|v| v / row.copies_per_msg() as f64);
+        let (this, other) = (of(Build::This), of(Build::Against));
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} |\n",
+            row.label(),
+            thousands(this),
+            thousands(other),
+            median(ratios).map_or("-".to_owned(), |r| format!("{r:.3}")),
+            each.join(" "),
+            thousands(per_copy(this)),
+            thousands(per_copy(other)),
         ));
     }
     out

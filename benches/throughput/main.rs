@@ -11,6 +11,7 @@
 #[path = "../../tests/support/mod.rs"]
 mod support;
 
+mod against;
 mod bare;
 mod callgrind;
 mod instructions;
@@ -116,6 +117,20 @@ async fn bench(opts: Opts, run_prefix: String) -> Result<(), String> {
     if opts.instructions {
         callgrind::check_valgrind()?;
     }
+    let against = match opts.against.clone() {
+        Some(_) if !rows.iter().any(|r| r.is_forwarder()) => {
+            return Err(
+                "--against compares the forwarder rows: give F1 or F2 in --rows".to_owned(),
+            );
+        }
+        // Building another revision takes minutes: off the runtime's threads.
+        Some(spec) => Some(
+            tokio::task::spawn_blocking(move || against::resolve(&spec))
+                .await
+                .map_err(|e| format!("--against: {e}"))??,
+        ),
+        None => None,
+    };
     let mut node = None;
     let target = if opts.split_cores {
         if procfs::cores() < 2 {
@@ -158,7 +173,17 @@ async fn bench(opts: Opts, run_prefix: String) -> Result<(), String> {
         clock_ticks: procfs::clock_ticks_per_sec(),
         forwarder_cpus: opts.split_cores.then(|| "1".to_owned()),
         callgrind: opts.instructions.then(std::env::temp_dir),
+        against,
     });
+    if let Some(against) = &ctx.against {
+        let p = format!("{run_prefix}-check");
+        let configs: Vec<(&str, String)> = rows
+            .iter()
+            .filter(|r| r.is_forwarder())
+            .map(|&r| (r.label(), rows::forwarder_toml(&ctx, &p, r)))
+            .collect();
+        against::check_configs(against, &p, &configs)?;
+    }
     println!("{}", header(&opts, &ctx, shovel_note).await);
 
     let result = if opts.instructions {
@@ -263,6 +288,19 @@ async fn header(opts: &Opts, ctx: &Ctx, shovel_note: Option<String>) -> String {
              (benches/throughput/bare.rs), a process of its own"
                 .to_owned(),
         );
+    }
+    if let Some(against) = &ctx.against {
+        lines.push(format!(
+            "- against: {}; its forwarder rows (primed: F1', F2') run beside this build's in \
+             every round, the two in alternating order",
+            against.describe
+        ));
+        if !opts.scale && !opts.instructions && !opts.split_cores {
+            lines.push(
+                "- the memory run with 64 KiB bodies and the latency runs: this build only"
+                    .to_owned(),
+            );
+        }
     }
     if let Some(note) = shovel_note {
         lines.push(format!("- shovel plugin: {note}"));

@@ -9,7 +9,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::latency::Carrier;
 use crate::opts::Opts;
-use crate::rows::{self, Ctx, Outcome, Plan, Row};
+use crate::rows::{self, Build, Ctx, Outcome, Plan, Row};
 use crate::support::procfs;
 use crate::{latency, report};
 
@@ -33,26 +33,56 @@ async fn run_all(ctx: &Arc<Ctx>, plans: Vec<Plan>, out: &mut Vec<Outcome>) -> Re
     Ok(())
 }
 
-/// `rounds` rounds of `rows`, in the given order in odd rounds and reversed in even ones.
-fn plans(run_prefix: &str, rounds: u32, rows: &[Row], size: usize, backlog: u64) -> Vec<Plan> {
+/// Each of `rows` with the builds it runs: a forwarder row (F1, F2) this
+/// build's and then, with `--against`, the other's, side by side in the
+/// order; every other row once.
+pub fn runs_of(rows: &[Row], against: bool) -> Vec<(Row, Build)> {
+    rows.iter()
+        .flat_map(|&row| {
+            let both = against && row.is_forwarder();
+            std::iter::once((row, Build::This)).chain(both.then_some((row, Build::Against)))
+        })
+        .collect()
+}
+
+/// `rounds` rounds of `runs`, in the given order in odd rounds and
+/// reversed in even ones (so the two builds of a row swap places too).
+fn plans(
+    run_prefix: &str,
+    rounds: u32,
+    runs: &[(Row, Build)],
+    size: usize,
+    backlog: u64,
+) -> Vec<Plan> {
     let mut plans = Vec::new();
     for round in 1..=rounds {
-        let mut order = rows.to_vec();
+        let mut order = runs.to_vec();
         if round % 2 == 0 {
             order.reverse();
         }
-        for row in order {
-            plans.push(plan(run_prefix, round, row, size, backlog));
+        for (row, build) in order {
+            plans.push(plan(run_prefix, round, (row, build), size, backlog));
         }
     }
     plans
 }
 
-/// One run, its names under `<run prefix>-r<round>-<row>-<size>-<backlog>`.
-fn plan(run_prefix: &str, round: u32, row: Row, size: usize, backlog: u64) -> Plan {
-    let label = row.label().to_lowercase();
+/// One run, its names under `<run prefix>-r<round>-<row>-<size>-<backlog>`
+/// (the row `f1-against` for the other build's F1).
+fn plan(
+    run_prefix: &str,
+    round: u32,
+    (row, build): (Row, Build),
+    size: usize,
+    backlog: u64,
+) -> Plan {
+    let mut label = row.label().to_lowercase();
+    if build == Build::Against {
+        label.push_str("-against");
+    }
     Plan {
         row,
+        build,
         round,
         backlog,
         size,
@@ -67,7 +97,8 @@ pub async fn default_run(
     rows: &[Row],
 ) -> Result<(), String> {
     let mut all = Vec::new();
-    let main = plans(run_prefix, opts.rounds, rows, MAIN_SIZE, opts.backlog);
+    let runs = runs_of(rows, ctx.against.is_some());
+    let main = plans(run_prefix, opts.rounds, &runs, MAIN_SIZE, opts.backlog);
     run_all(ctx, main, &mut all).await?;
 
     let by_size = process_rows(rows);
@@ -76,7 +107,8 @@ pub async fn default_run(
     if !opts.no_memory && rows.contains(&Row::F2) {
         let large = (LARGE_SIZE, opts.backlog_for(LARGE_SIZE));
         if !swept.contains(&large) {
-            let plan = plans(run_prefix, 1, &[Row::F2], large.0, large.1);
+            let f2 = [(Row::F2, Build::This)];
+            let plan = plans(run_prefix, 1, &f2, large.0, large.1);
             run_all(ctx, plan, &mut all).await?;
         }
         memory.push(large);
@@ -130,6 +162,7 @@ pub async fn default_run(
         "{}",
         report::throughput(&all, rows, MAIN_SIZE, opts.backlog)
     );
+    against(ctx, &all, rows, &main_and(opts, &swept), opts.rounds);
     if !by_size.is_empty() {
         println!("## CPU per copy by body size (medians)\n");
         println!("{}", report::sizes(&all, &by_size, &swept));
@@ -153,7 +186,8 @@ pub async fn split(
     rows: &[Row],
 ) -> Result<(), String> {
     let mut all = Vec::new();
-    let main = plans(run_prefix, opts.rounds, rows, MAIN_SIZE, opts.backlog);
+    let runs = runs_of(rows, ctx.against.is_some());
+    let main = plans(run_prefix, opts.rounds, &runs, MAIN_SIZE, opts.backlog);
     run_all(ctx, main, &mut all).await?;
     let by_size = process_rows(rows);
     let swept = sweep_sizes(opts, ctx, run_prefix, &by_size, &mut all).await?;
@@ -172,6 +206,7 @@ pub async fn split(
         println!("## Split cores: CPU per copy by body size (medians)\n");
         println!("{}", report::sizes(&all, &by_size, &swept));
     }
+    against(ctx, &all, rows, &main_and(opts, &swept), opts.rounds);
     notes(&all);
     Ok(())
 }
@@ -198,7 +233,8 @@ async fn sweep_sizes(
     for &size in &opts.sizes {
         let backlog = opts.backlog_for(size);
         if size != MAIN_SIZE || backlog != opts.backlog {
-            let sweep = plans(run_prefix, opts.rounds, rows, size, backlog);
+            let runs = runs_of(rows, ctx.against.is_some());
+            let sweep = plans(run_prefix, opts.rounds, &runs, size, backlog);
             run_all(ctx, sweep, all).await?;
         }
         swept.push((size, backlog));
@@ -217,16 +253,16 @@ pub async fn run_at_backlogs(
 ) -> Result<Vec<Outcome>, String> {
     let mut all = Vec::new();
     for round in 1..=rounds {
-        let mut order: Vec<(Row, u64)> = rows
-            .iter()
-            .flat_map(|&row| backlogs.iter().map(move |&backlog| (row, backlog)))
+        let mut order: Vec<((Row, Build), u64)> = runs_of(rows, ctx.against.is_some())
+            .into_iter()
+            .flat_map(|run| backlogs.iter().map(move |&backlog| (run, backlog)))
             .collect();
         if round % 2 == 0 {
             order.reverse();
         }
         let runs = order
             .into_iter()
-            .map(|(row, backlog)| plan(run_prefix, round, row, MAIN_SIZE, backlog))
+            .map(|(run, backlog)| plan(run_prefix, round, run, MAIN_SIZE, backlog))
             .collect();
         run_all(ctx, runs, &mut all).await?;
     }
@@ -250,8 +286,37 @@ pub async fn scale(
         opts.rounds
     );
     println!("{}", report::scale(&all, rows, MAIN_SIZE, &backlogs));
+    let cases: Vec<(usize, u64)> = backlogs.iter().map(|&b| (MAIN_SIZE, b)).collect();
+    against(ctx, &all, rows, &cases, opts.rounds);
     notes(&all);
     Ok(())
+}
+
+/// The main table's body size and backlog, then the others of `swept`.
+fn main_and(opts: &Opts, swept: &[(usize, u64)]) -> Vec<(usize, u64)> {
+    let main = (MAIN_SIZE, opts.backlog);
+    std::iter::once(main)
+        .chain(swept.iter().copied().filter(|&case| case != main))
+        .collect()
+}
+
+/// With `--against`, the forwarder rows of both builds side by side, one
+/// table per body size and backlog in `cases`.
+fn against(ctx: &Ctx, all: &[Outcome], rows: &[Row], cases: &[(usize, u64)], rounds: u32) {
+    let Some(against) = &ctx.against else {
+        return;
+    };
+    for &(size, backlog) in cases {
+        println!(
+            "## This build against {}: {} bodies, backlog {backlog}, medians of {rounds} round(s)\n",
+            against.label,
+            report::size_label(size),
+        );
+        println!(
+            "{}",
+            report::against(all, rows, size, backlog, &against.label)
+        );
+    }
 }
 
 /// Cores of other work above which a run's rate is called depressed.
@@ -267,7 +332,7 @@ fn notes(all: &[Outcome]) {
         let run = format!(
             "round {} {} {}",
             o.plan.round,
-            o.plan.row.label(),
+            o.plan.label(),
             report::size_label(o.plan.size)
         );
         for note in &o.notes {

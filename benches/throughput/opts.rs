@@ -59,6 +59,9 @@ pub struct Opts {
     /// The larger backlog of --instructions; the smaller is a quarter of it.
     #[arg(long, default_value_t = 4000)]
     pub(crate) instructions_backlog: u64,
+    /// Another build to run the forwarder rows (F1, F2) beside this one's, interleaved in every round: a git revision of this repository (built once into target/against) or the path of a switchyard binary.
+    #[arg(long, value_name = "REV|PATH")]
+    pub(crate) against: Option<String>,
     /// A run whose counts do not move for this many seconds fails.
     #[arg(long, default_value_t = 60)]
     pub(crate) stall_secs: u64,

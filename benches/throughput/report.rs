@@ -4,7 +4,7 @@
 use std::fmt::Write;
 
 use crate::latency::Latency;
-use crate::rows::{Outcome, Row};
+use crate::rows::{Build, Outcome, Row};
 
 /// The median; the mean of the middle two for an even count.
 pub fn median(mut values: Vec<f64>) -> Option<f64> {
@@ -36,12 +36,26 @@ pub struct Stats {
     pub others: Option<f64>,
 }
 
-/// The medians of the runs of `row` at `size` bytes and `backlog`.
+/// The runs of `row` by `build` at `size` bytes and `backlog`.
+fn runs(all: &[Outcome], (row, build): (Row, Build), size: usize, backlog: u64) -> Vec<&Outcome> {
+    all.iter()
+        .filter(|o| {
+            o.plan.row == row
+                && o.plan.build == build
+                && o.plan.size == size
+                && o.plan.backlog == backlog
+        })
+        .collect()
+}
+
+/// The medians of this build's runs of `row` at `size` bytes and `backlog`.
 pub fn stats(all: &[Outcome], row: Row, size: usize, backlog: u64) -> Option<Stats> {
-    let runs: Vec<&Outcome> = all
-        .iter()
-        .filter(|o| o.plan.row == row && o.plan.size == size && o.plan.backlog == backlog)
-        .collect();
+    stats_of(all, (row, Build::This), size, backlog)
+}
+
+/// The medians of the runs of `row` by `build` at `size` bytes and `backlog`.
+pub fn stats_of(all: &[Outcome], run: (Row, Build), size: usize, backlog: u64) -> Option<Stats> {
+    let runs = runs(all, run, size, backlog);
     let of =
         |f: &dyn Fn(&Outcome) -> Option<f64>| median(runs.iter().filter_map(|o| f(o)).collect());
     let msgs = of(&|o| Some(o.msgs_per_sec()))?;
@@ -117,23 +131,15 @@ pub fn throughput(all: &[Outcome], rows: &[Row], size: usize, backlog: u64) -> S
 /// of one round ran minutes apart at most, so load that comes and goes
 /// between rounds cancels out better than in a ratio of medians.
 fn ratios(all: &[Outcome], size: usize, backlog: u64) -> String {
-    let runs = |row: Row| -> Vec<&Outcome> {
-        all.iter()
-            .filter(|o| o.plan.row == row && o.plan.size == size && o.plan.backlog == backlog)
-            .collect()
-    };
+    let runs = |row: Row| runs(all, (row, Build::This), size, backlog);
     // The median over the rounds of `combine(f(a's run), g(b's run))`.
     let per_round = |a: Row,
                      b: Row,
                      f: &dyn Fn(&Outcome) -> Option<f64>,
                      g: &dyn Fn(&Outcome) -> Option<f64>,
                      combine: fn(f64, f64) -> f64| {
-        let (a, b) = (runs(a), runs(b));
-        let values = a.iter().filter_map(|x| {
-            let y = b.iter().find(|y| y.plan.round == x.plan.round)?;
-            Some(combine(f(x)?, g(y)?))
-        });
-        median(values.collect())
+        let (a, b) = ((a, Build::This), (b, Build::This));
+        median(paired(all, a, b, (size, backlog), f, g, combine))
     };
     let ratio = |a, b, f: &dyn Fn(&Outcome) -> Option<f64>, g: &dyn Fn(&Outcome) -> Option<f64>| {
         per_round(a, b, f, g, |x, y| x / y)
@@ -191,6 +197,107 @@ fn ratios(all: &[Outcome], size: usize, backlog: u64) -> String {
         "broker µs/copy F1 − B1H (the same, the headers carried by both)",
         per_round(Row::F1, Row::B1H, &broker, &broker, |x, y| x - y),
     );
+    out
+}
+
+/// A measure of one run, when it has one.
+type Measure<'a> = &'a dyn Fn(&Outcome) -> Option<f64>;
+
+/// `combine(f(a's run), g(b's run))` for each round that ran both, in
+/// round order.
+fn paired(
+    all: &[Outcome],
+    a: (Row, Build),
+    b: (Row, Build),
+    (size, backlog): (usize, u64),
+    f: Measure<'_>,
+    g: Measure<'_>,
+    combine: fn(f64, f64) -> f64,
+) -> Vec<f64> {
+    let (a, b) = (runs(all, a, size, backlog), runs(all, b, size, backlog));
+    let mut values: Vec<(u32, f64)> = a
+        .iter()
+        .filter_map(|x| {
+            let y = b.iter().find(|y| y.plan.round == x.plan.round)?;
+            Some((x.plan.round, combine(f(x)?, g(y)?)))
+        })
+        .collect();
+    values.sort_by_key(|(round, _)| *round);
+    values.into_iter().map(|(_, v)| v).collect()
+}
+
+/// The Shovel row a forwarder row is compared with as today: F1 with S,
+/// F2 with S2.
+fn shovel_of(row: Row) -> Option<Row> {
+    match row {
+        Row::F1 => Some(Row::S),
+        Row::F2 => Some(Row::S2),
+        _ => None,
+    }
+}
+
+/// `--against`: each forwarder row of `rows` run by this build and by the
+/// other (`label`) side by side: the medians of each, the median of the
+/// per-round ratios this / other (the two ran next to each other in every
+/// round), and each build against Shovel as the main table puts it; then
+/// the per-round ratios, to judge the spread.
+pub fn against(all: &[Outcome], rows: &[Row], size: usize, backlog: u64, label: &str) -> String {
+    let mut out = format!(
+        "| row | msgs/s this | msgs/s {label} | this / {label} | forwarder µs/copy this | \
+         forwarder µs/copy {label} | this / {label} | broker µs/copy this | broker µs/copy {label} | \
+         vs Shovel this | vs Shovel {label} |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+    );
+    let msgs = |o: &Outcome| Some(o.msgs_per_sec());
+    let forwarder = |o: &Outcome| o.forwarder_us();
+    let ratio = |x: f64, y: f64| x / y;
+    let at = (size, backlog);
+    let mut rounds = String::new();
+    for &row in rows.iter().filter(|r| r.is_forwarder()) {
+        let (this, other) = ((row, Build::This), (row, Build::Against));
+        let (Some(a), Some(b)) = (
+            stats_of(all, this, size, backlog),
+            stats_of(all, other, size, backlog),
+        ) else {
+            continue;
+        };
+        let msgs_ratios = paired(all, this, other, at, &msgs, &msgs, ratio);
+        let cpu_ratios = paired(all, this, other, at, &forwarder, &forwarder, ratio);
+        let vs_shovel = |build: Build| {
+            let shovel = (shovel_of(row)?, Build::This);
+            median(paired(all, (row, build), shovel, at, &msgs, &msgs, ratio))
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            row.label(),
+            a.msgs,
+            b.msgs,
+            num(median(msgs_ratios.clone()), 3),
+            num(a.forwarder_us, 1),
+            num(b.forwarder_us, 1),
+            num(median(cpu_ratios.clone()), 3),
+            num(a.broker_us, 1),
+            num(b.broker_us, 1),
+            num(vs_shovel(Build::This), 2),
+            num(vs_shovel(Build::Against), 2),
+        );
+        let each = |values: &[f64]| {
+            let each: Vec<String> = values.iter().map(|v| format!("{v:.3}")).collect();
+            each.join(" ")
+        };
+        let _ = writeln!(
+            rounds,
+            "- {}, this / {label} by round: msgs/s {}; forwarder µs/copy {}",
+            row.label(),
+            each(&msgs_ratios),
+            each(&cpu_ratios),
+        );
+    }
+    if !rounds.is_empty() {
+        out.push('\n');
+        out.push_str(&rounds);
+    }
     out
 }
 

@@ -13,6 +13,7 @@ use lapin::{BasicProperties, ExchangeKind};
 use serde_json::json;
 use tokio_util::task::AbortOnDropHandle;
 
+use crate::against::Against;
 use crate::bare;
 use crate::callgrind;
 use crate::support::TestBroker;
@@ -117,6 +118,14 @@ impl FromStr for Row {
     }
 }
 
+/// Which build of switchyard a forwarder row runs: this one, or the one
+/// given by `--against`. The other rows always run once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Build {
+    This,
+    Against,
+}
+
 /// What every row needs.
 pub struct Ctx {
     pub target: Target,
@@ -132,12 +141,15 @@ pub struct Ctx {
     /// Where callgrind writes its counts when the forwarder rows run under
     /// it (`--instructions`).
     pub callgrind: Option<std::path::PathBuf>,
+    /// The other build of `--against`.
+    pub against: Option<Against>,
 }
 
 /// One run of one row.
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub row: Row,
+    pub build: Build,
     pub round: u32,
     /// Messages preloaded into each source queue.
     pub backlog: u64,
@@ -157,6 +169,16 @@ pub struct Outcome {
     pub instructions: Option<u64>,
     /// What the check after the run found wrong.
     pub notes: Vec<String>,
+}
+
+impl Plan {
+    /// The row's label, primed for the other build's run (F1').
+    pub fn label(&self) -> String {
+        match self.build {
+            Build::This => self.row.label().to_owned(),
+            Build::Against => format!("{}'", self.row.label()),
+        }
+    }
 }
 
 impl Outcome {
@@ -182,10 +204,10 @@ impl Outcome {
         let opt =
             |v: Option<f64>, digits: usize| v.map_or("-".to_owned(), |v| format!("{v:.digits$}"));
         let mut line = format!(
-            "round {} {:<2} {:>6} B × {:<7} {:>6.0} msgs/s {:>6.0} copies/s  µs/copy forwarder {:>4} broker {:>4}  \
+            "round {} {:<3} {:>6} B × {:<7} {:>6.0} msgs/s {:>6.0} copies/s  µs/copy forwarder {:>4} broker {:>4}  \
              window {:.2} s after {:.2} s  others {} cores",
             self.plan.round,
-            self.plan.row.label(),
+            self.plan.label(),
             self.plan.size,
             self.plan.backlog,
             self.msgs_per_sec(),
@@ -294,7 +316,7 @@ pub async fn run(ctx: Arc<Ctx>, plan: Plan) -> Result<Outcome, String> {
         format!(
             "round {} {} ({} B) failed: {e}",
             plan.round,
-            plan.row.label(),
+            plan.label(),
             plan.size
         )
     });
@@ -345,7 +367,7 @@ async fn declare_forwarder_inbound(ctx: &Ctx, broker: &TestBroker, p: &str) {
 /// The forwarder's configuration under `p`: F1's one branch or the seed
 /// scenario (F2), `nack` dead-lettering, a 10 s shutdown bound, the run's
 /// prefetch; in quorum mode every queue it declares is a quorum queue.
-fn forwarder_toml(ctx: &Ctx, p: &str, row: Row) -> String {
+pub fn forwarder_toml(ctx: &Ctx, p: &str, row: Row) -> String {
     let forwarder = Forwarder::at(&ctx.target.url, p)
         .mode("nack")
         .top("shutdown_timeout_ms", 10_000)
@@ -463,7 +485,10 @@ async fn forwarder(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
             plan.row == Row::B1H,
             wrap,
         ),
-        _ => Process::spawn_through(p, &toml, wrap, &[], env),
+        _ => match (plan.build, &ctx.against) {
+            (Build::Against, Some(against)) => spawn_against(against, p, &toml, wrap, env),
+            _ => Process::spawn_through(p, &toml, wrap, &[], env),
+        },
     };
     let mut mover = Mover::Forwarder(process);
     let watch = Watch {
@@ -507,6 +532,8 @@ async fn forwarder(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
     if !notes.is_empty() && code == Some(0) {
         process.keep_files();
         notes.push(format!("its log is kept: {}", process.log_path.display()));
+    } else if plan.build == Build::Against {
+        let _ = std::fs::remove_file(against_config(p));
     }
     Outcome {
         plan: plan.clone(),
@@ -515,6 +542,35 @@ async fn forwarder(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
         instructions,
         notes,
     }
+}
+
+/// Where the other build's configuration for the run `p` is written (the
+/// kit's [`Process::spawn`] writes this build's and removes it itself).
+fn against_config(p: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("{p}-against.toml"))
+}
+
+/// The other build's forwarder on `toml`, started as [`Process::spawn`]
+/// starts this build's: `run --config`, `RUST_LOG=info`, through `wrap`.
+fn spawn_against(
+    against: &Against,
+    p: &str,
+    toml: &str,
+    wrap: Wrap<'_>,
+    env: &[(&str, &str)],
+) -> Process {
+    let config = against_config(p);
+    std::fs::write(&config, toml).unwrap_or_else(|e| panic!("write {}: {e}", config.display()));
+    let config = config.display().to_string();
+    let mut env_with_log = vec![("RUST_LOG", "info")];
+    env_with_log.extend_from_slice(env);
+    Process::spawn_program(
+        p,
+        &against.binary,
+        &["run", "--config", &config],
+        &env_with_log,
+        wrap,
+    )
 }
 
 async fn shovels(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
