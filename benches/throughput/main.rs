@@ -295,7 +295,12 @@ async fn header(opts: &Opts, ctx: &Ctx, shovel_note: Option<String>) -> String {
              every round, the two in alternating order",
             against.describe
         ));
-        if !opts.scale && !opts.instructions && !opts.split_cores {
+        let memory = !opts.no_memory && opts.rows().contains(&Row::F2);
+        if !opts.scale
+            && !opts.instructions
+            && !opts.split_cores
+            && (memory || opts.latency_secs > 0.0)
+        {
             lines.push(
                 "- the memory run with 64 KiB bodies and the latency runs: this build only"
                     .to_owned(),
