@@ -26,7 +26,8 @@ use crate::support::harness::Process;
 pub struct Against {
     /// Its switchyard binary.
     pub binary: PathBuf,
-    /// What the tables call it: the short commit, or the binary's path.
+    /// What the tables call it: the short commit, or `other` for a binary
+    /// (whose path the header gives).
     pub label: String,
     /// What the header says of it: which commit and how it was built.
     pub describe: String,
@@ -43,7 +44,7 @@ pub fn resolve(spec: &str) -> Result<Against, String> {
         let version = run_quiet(Command::new(&binary).arg("--version"))
             .map_or_else(|_| "version unknown".to_owned(), |v| v.trim().to_owned());
         return Ok(Against {
-            label: spec.to_owned(),
+            label: "other".to_owned(),
             describe: format!("the binary {} ({version})", binary.display()),
             binary,
         });
