@@ -7,7 +7,7 @@
 //! first one's admin port is told what to change. Idle connections to the
 //! admin port are bounded and closed, and forwarding goes on meanwhile.
 
-mod support;
+use crate::support;
 
 use lapin::BasicProperties;
 use std::collections::BTreeMap;

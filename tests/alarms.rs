@@ -4,7 +4,7 @@
 //! the alarm clears everything is delivered once. Runs the real binary
 //! against a private RabbitMQ node, since a memory alarm blocks a whole node.
 
-mod support;
+use crate::support;
 
 use lapin::BasicProperties;
 use std::time::Duration;

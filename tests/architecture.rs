@@ -7,7 +7,7 @@
 //! module that defines the item. Re-exports themselves, and unit tests
 //! (`#[cfg(test)] mod tests`), are not edges. No broker needed.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

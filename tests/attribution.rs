@@ -4,7 +4,7 @@
 //! a return to whichever confirm resolves next), and a `basic.nack` is a
 //! failure that walks the backup list, never a delivery.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

@@ -6,7 +6,7 @@
 //! forwarding after them. A no-route dead letter says, in its error and its
 //! log line, when the body did not parse as the format its filters asked for.
 
-mod support;
+use crate::support;
 
 use lapin::BasicProperties;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! `--config` falls back to `$SWITCHYARD_CONFIG`, then `config/switchyard.toml`,
 //! and `SWITCHYARD__SECTION__KEY` overrides a key. No broker is needed.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -2,7 +2,7 @@
 //! the forwarder reconnects and goes on, losing nothing; and a slow message
 //! never holds back the acks of the messages behind it.
 
-mod support;
+use crate::support;
 
 use lapin::BasicProperties;
 use std::collections::BTreeSet;

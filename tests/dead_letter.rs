@@ -2,7 +2,7 @@
 //! go to the dead-letter queue, in both modes, with the delivered branches
 //! never sent twice and (in republish mode) the documented annotations.
 
-mod support;
+use crate::support;
 
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable};

@@ -6,7 +6,7 @@
 //! nothing and one killed with SIGKILL losing nothing; the quick start's dead letters explaining themselves; and the
 //! one-line errors.
 
-mod support;
+use crate::support;
 
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldArray, FieldTable};

@@ -9,7 +9,7 @@
 //! in the file; and every command line in the files uses subcommands and
 //! flags the real binary's `--help` lists. No broker needed.
 
-mod support;
+use crate::support;
 
 use serde_norway::Value;
 use std::collections::BTreeMap;

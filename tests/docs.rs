@@ -7,7 +7,7 @@
 //! and the Markdown files link only to files and headings the repository
 //! has. No broker needed.
 
-mod support;
+use crate::support;
 
 use regex::Regex;
 use std::collections::{BTreeMap, BTreeSet};
@@ -533,6 +533,33 @@ fn every_test_file_has_its_row() {
     assert!(
         missing.is_empty(),
         "docs/tests.md has no row for {missing:?}"
+    );
+}
+
+/// With `autotests = false`, a file of `tests/` that no binary names would
+/// never run: each is a `[[test]]` of its own in `Cargo.toml` or a module
+/// of `tests/suite/main.rs`, not both.
+#[test]
+fn every_test_file_is_in_one_test_binary() {
+    let manifest = read("Cargo.toml");
+    let suite = read("tests/suite/main.rs");
+    let dir = root().join("tests");
+    let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let mut wrong = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(stem) = name.strip_suffix(".rs") else {
+            continue;
+        };
+        let own = manifest.contains(&format!("path = \"tests/{name}\""));
+        let module = suite.contains(&format!("#[path = \"../{name}\"]\nmod {stem};"));
+        if own == module {
+            wrong.push((name, own));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "test files in no binary (false) or in two (true): {wrong:?}"
     );
 }
 

@@ -2,7 +2,7 @@
 //! timeout (a stalled connection), and a connection closed by the broker or
 //! cut under the forwarder. Every message is counted: nothing lost.
 
-mod support;
+use crate::support;
 
 use lapin::BasicProperties;
 use std::collections::BTreeSet;

@@ -4,7 +4,7 @@
 //! over; a down endpoint is skipped at once and used again when it recovers;
 //! transactions of a lost inbound channel start no new publishes.
 
-mod support;
+use crate::support;
 
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable};

@@ -1,7 +1,7 @@
 //! The happy path: every message reaches every branch once, byte for byte,
 //! with every property and header, and the inbound queue is left empty.
 
-mod support;
+use crate::support;
 
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldArray, FieldTable};

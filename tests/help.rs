@@ -4,7 +4,7 @@
 //! process keeps the name `switchyard` (it re-executes itself once at
 //! start, for deeper thread stacks).
 
-mod support;
+use crate::support;
 
 use std::process::Output;
 use std::time::Duration;

@@ -10,7 +10,7 @@
 //! must raise it itself. Parsing the 24,000-level header would overflow a
 //! thread of that size in a debug build.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

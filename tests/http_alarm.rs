@@ -2,7 +2,7 @@
 //! a 503 with `Retry-After`, never a dead letter, and every request retried
 //! with its key after the alarm reaches every branch.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 use support::config::{Forwarder, Value};

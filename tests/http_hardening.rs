@@ -3,7 +3,7 @@
 //! listener, and queue-side forwarding goes on meanwhile; a TLS listener
 //! serves HTTPS and nothing else.
 
-mod support;
+use crate::support;
 
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,

@@ -4,7 +4,7 @@
 //! request is refused. Retries with the same `Idempotency-Key` send only
 //! what is missing.
 
-mod support;
+use crate::support;
 
 use support::config::{Branch, Endpoint, Filter, Forwarder, Value};
 use support::harness::InProcess;

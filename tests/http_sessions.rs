@@ -2,7 +2,7 @@
 //! they come, the whole set replayed to the backup when a branch fails over
 //! mid-session, and a closed session refuses late messages.
 
-mod support;
+use crate::support;
 
 use lapin::types::AMQPValue;
 use support::config::{Branch, Endpoint, Filter, Forwarder, Value};

@@ -4,7 +4,7 @@
 //! serves metrics), and a returned message never puts its body or a header
 //! value in the log.
 
-mod support;
+use crate::support;
 
 use lapin::BasicProperties;
 use serde_json::Value;

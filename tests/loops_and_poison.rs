@@ -8,7 +8,7 @@
 //! and quorum queues (the broker's `x-delivery-count`), while ordinary
 //! messages beside it are forwarded once each.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};

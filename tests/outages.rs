@@ -5,7 +5,7 @@
 //! `outage = "dead_letter"` and `outage_timeout_ms` an outage past the
 //! bound dead-letters with reason `outage`.
 
-mod support;
+use crate::support;
 
 use lapin::BasicProperties;
 use std::collections::BTreeMap;

@@ -37,7 +37,7 @@
 //! then streams the second half into the refusal, holds it for a few
 //! seconds and restores the permissions.
 
-mod support;
+use crate::support;
 
 use lapin::BasicProperties;
 use std::collections::BTreeMap;

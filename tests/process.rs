@@ -2,7 +2,7 @@
 //! nothing lost), and SIGTERM shutdown (in-flight transactions drained within
 //! `shutdown_timeout_ms`, the rest requeued, exit code 0).
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

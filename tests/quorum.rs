@@ -6,7 +6,7 @@
 //! argument, the queue's message count and the setting to change; and with
 //! `dead_letter_by_policy` the dead-letter exchange comes from a policy.
 
-mod support;
+use crate::support;
 
 use lapin::options::QueueDeclareOptions;
 use lapin::types::AMQPValue;

@@ -3,7 +3,7 @@
 //! inbound queue changed, and the real binary reloading on SIGHUP and on a
 //! file renamed over its configuration without ever exiting.
 
-mod support;
+use crate::support;
 
 use lapin::BasicProperties;
 use std::collections::HashSet;

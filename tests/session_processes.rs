@@ -5,7 +5,7 @@
 //! forwarders behind a consistent-hash exchange (the example configurations
 //! in `config/`), each session on one of them.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

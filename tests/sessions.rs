@@ -9,7 +9,7 @@
 //! failovers, replays and dead-letter records counted and written as any
 //! message's are, so a redrive sends only what is missing.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

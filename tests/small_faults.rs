@@ -8,7 +8,7 @@
 //! are logged by name and the next is used, and `--fail-fast` exits only
 //! when every node refuses.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

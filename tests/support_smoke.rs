@@ -1,6 +1,6 @@
 //! Real-broker smoke tests for the shared integration-test support module.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

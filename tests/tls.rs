@@ -5,7 +5,7 @@
 //! CA, or for another host, is refused with a log line that says TLS and
 //! names the broker. `check` refuses a missing CA file.
 
-mod support;
+use crate::support;
 
 use lapin::BasicProperties;
 use rcgen::{

@@ -8,7 +8,7 @@
 //! dead-letter exchange that routes the dead-letter key nowhere is refused at
 //! startup (a probe message, returned when unroutable).
 
-mod support;
+use crate::support;
 
 use futures_util::StreamExt;
 use lapin::BasicProperties;

@@ -9,7 +9,7 @@
 //! forwarder runs as that user and `guest` is the producer, or the other
 //! way round.
 
-mod support;
+use crate::support;
 
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldArray};

@@ -1,7 +1,7 @@
 //! Endpoints on another virtual host: each broker entry gets its own
 //! publishing connection, and copies land in that vhost's queues.
 
-mod support;
+use crate::support;
 
 use lapin::BasicProperties;
 use support::config::{Branch, Endpoint, Filter, Forwarder};

@@ -15,7 +15,7 @@
 //! the seed configuration's `127.0.0.1:8080`, and
 //! `cargo run --release -- ARGS` runs that `switchyard ARGS`.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;
