@@ -1,5 +1,6 @@
 //! An outage is not a message failure (the default): a broker restarted
-//! twice mid-stream dead-letters nothing, in either dead-letter mode; a
+//! twice mid-stream dead-letters nothing, in either dead-letter mode (two
+//! forwarders side by side under the same restarts, one per mode); a
 //! broker that stops answering confirms on every endpoint holds the
 //! messages and delivers them once it answers again; and with
 //! `outage = "dead_letter"` and `outage_timeout_ms` an outage past the
@@ -103,47 +104,81 @@ async fn open_confirm_channel(url: &str) -> Option<(lapin::Connection, lapin::Ch
 }
 
 /// New copies on the service branch that show messages flow through the
-/// forwarder, before each restart of [`restarted_twice`].
+/// forwarder, before each restart of [`restarted_twice_in_both_modes`].
 const FLOWING: u64 = 100;
 
-/// Copies the service branch holds on `node`, primary and backup.
-async fn service_copies(node: &PrivateNode, p: &str) -> u64 {
-    let out = node.queue_table().await;
+/// The dead-letter modes the restarts are run in, side by side.
+const MODES: [&str; 2] = ["nack", "republish"];
+
+/// Copies the service branch of prefix `p` holds in a node's queue table,
+/// primary and backup.
+fn service_copies(table: &str, p: &str) -> u64 {
     [format!("{p}.service"), format!("{p}.service.backup")]
         .iter()
-        .filter_map(|queue| ready_unacked_in(&out, queue))
+        .filter_map(|queue| ready_unacked_in(table, queue))
         .map(|(ready, _)| ready)
         .sum()
 }
 
+/// One forwarder of [`restarted_twice_in_both_modes`]: its dead-letter
+/// mode, queue prefix and process.
+struct ModeRun {
+    mode: &'static str,
+    p: String,
+    inbound: String,
+    forwarder: Process,
+}
+
 /// The seed scenario on a private node restarted twice (5 s down each)
-/// while a stream of messages flows: every message reaches both branches,
-/// none is dead-lettered.
-async fn restarted_twice(mode: &str) {
+/// while a stream of messages flows, with two forwarders side by side, one
+/// in each dead-letter mode, each on queues of its own and fed a stream of
+/// its own: the same restarts reach both, and for each every message
+/// reaches both branches, none is dead-lettered.
+async fn restarted_twice_in_both_modes() {
     let node = PrivateNode::start().await;
-    let p = unique_prefix(&format!("outage-restart-{mode}"));
-    let toml = seed_toml(&p, &top_toml_at(&node.amqp_url(), &p, mode, 5000, 200));
-    let inbound = format!("{p}.in");
-    let mut forwarder = Process::spawn(&p, &toml);
-    let admin = TestBroker::connect_to(&node.amqp_url(), &format!("{p}-admin")).await;
-    wait_until("the forwarder consumes", DEFAULT_TIMEOUT, || async {
-        node.ready_unacked(&inbound).await.is_some()
-            && admin
-                .probe_queue(&inbound)
-                .await
-                .is_some_and(|q| q.consumer_count() == 1)
-    })
-    .await;
+    let mut runs = Vec::new();
+    for mode in MODES {
+        let p = unique_prefix(&format!("outage-restart-{mode}"));
+        let toml = seed_toml(&p, &top_toml_at(&node.amqp_url(), &p, mode, 5000, 200));
+        let inbound = format!("{p}.in");
+        let forwarder = Process::spawn(&p, &toml);
+        runs.push(ModeRun {
+            mode,
+            p,
+            inbound,
+            forwarder,
+        });
+    }
+    let admin = TestBroker::connect_to(&node.amqp_url(), "outage-restart-admin").await;
+    for run in &runs {
+        wait_until("the forwarder consumes", DEFAULT_TIMEOUT, || async {
+            node.ready_unacked(&run.inbound).await.is_some()
+                && admin
+                    .probe_queue(&run.inbound)
+                    .await
+                    .is_some_and(|q| q.consumer_count() == 1)
+        })
+        .await;
+    }
     admin.close().await;
-    let publisher = tokio::spawn(stream(node.amqp_url(), inbound.clone(), STREAM));
+    let publishers: Vec<_> = runs
+        .iter()
+        .map(|run| tokio::spawn(stream(node.amqp_url(), run.inbound.clone(), STREAM)))
+        .collect();
     for _ in 0..2 {
-        // Restart while messages flow, however long the forwarder took to
-        // reconnect after the previous restart.
-        let before = service_copies(&node, &p).await;
+        // Restart while messages flow through both forwarders, however long
+        // they took to reconnect after the previous restart.
+        let table = node.queue_table().await;
+        let before: Vec<u64> = runs.iter().map(|r| service_copies(&table, &r.p)).collect();
         wait_until(
-            "messages flow to the service branch",
+            "messages flow to both service branches",
             DEFAULT_TIMEOUT,
-            || async { service_copies(&node, &p).await >= before + FLOWING },
+            || async {
+                let table = node.queue_table().await;
+                runs.iter()
+                    .zip(&before)
+                    .all(|(r, b)| service_copies(&table, &r.p) >= b + FLOWING)
+            },
         )
         .await;
         node.stop_app().await;
@@ -152,59 +187,77 @@ async fn restarted_twice(mode: &str) {
         tokio::time::sleep(Duration::from_secs(5)).await;
         node.start_app().await;
     }
-    let republished = publisher.await.unwrap_or_default();
+    let mut republished = Vec::new();
+    for publisher in publishers {
+        republished.push(publisher.await.unwrap_or_default());
+    }
     wait_until(
-        "the inbound queue settles",
+        "both inbound queues settle",
         Duration::from_secs(120),
-        || async { node.ready_unacked(&inbound).await == Some((0, 0)) },
+        || async {
+            let table = node.queue_table().await;
+            runs.iter()
+                .all(|r| ready_unacked_in(&table, &r.inbound) == Some((0, 0)))
+        },
     )
     .await;
-    forwarder.signal("TERM");
-    assert_eq!(forwarder.wait_exit(DEFAULT_TIMEOUT).await, Some(0));
-    let broker = TestBroker::connect_to(&node.amqp_url(), &format!("{p}-count")).await;
-    let service = tally_queues(
-        &broker,
-        &[format!("{p}.service"), format!("{p}.service.backup")],
-    )
-    .await;
-    let logging = tally_queues(
-        &broker,
-        &[format!("{p}.logging"), format!("{p}.logging.backup")],
-    )
-    .await;
-    let dead = broker.queue_len(&format!("{p}.dlq")).await;
-    let duplicates = |t: &BTreeMap<String, usize>| t.values().map(|n| n - 1).sum::<usize>();
-    println!(
-        "{mode}: {republished} publishes repeated; service {} ids ({} duplicates), logging {} ids \
-         ({} duplicates), {dead} dead-lettered",
-        service.len(),
-        duplicates(&service),
-        logging.len(),
-        duplicates(&logging),
-    );
-    let log = forwarder.log();
-    assert!(
-        log.contains("broker unreachable") && log.contains("inbound consumer lost"),
-        "the restarts reached the forwarder:\n{log}"
-    );
-    assert_eq!(dead, 0, "an outage dead-letters nothing");
-    for i in 0..STREAM {
-        let (id, _) = message(i);
-        assert!(service.contains_key(&id), "{id} missing from service");
-        assert!(logging.contains_key(&id), "{id} missing from logging");
+    for run in &mut runs {
+        run.forwarder.signal("TERM");
+        assert_eq!(
+            run.forwarder.wait_exit(DEFAULT_TIMEOUT).await,
+            Some(0),
+            "{}",
+            run.mode
+        );
+    }
+    let broker = TestBroker::connect_to(&node.amqp_url(), "outage-restart-count").await;
+    for (run, republished) in runs.iter().zip(republished) {
+        let (mode, p) = (run.mode, &run.p);
+        let service = tally_queues(
+            &broker,
+            &[format!("{p}.service"), format!("{p}.service.backup")],
+        )
+        .await;
+        let logging = tally_queues(
+            &broker,
+            &[format!("{p}.logging"), format!("{p}.logging.backup")],
+        )
+        .await;
+        let dead = broker.queue_len(&format!("{p}.dlq")).await;
+        let duplicates = |t: &BTreeMap<String, usize>| t.values().map(|n| n - 1).sum::<usize>();
+        println!(
+            "{mode}: {republished} publishes repeated; service {} ids ({} duplicates), logging \
+             {} ids ({} duplicates), {dead} dead-lettered",
+            service.len(),
+            duplicates(&service),
+            logging.len(),
+            duplicates(&logging),
+        );
+        let log = run.forwarder.log();
+        assert!(
+            log.contains("broker unreachable") && log.contains("inbound consumer lost"),
+            "{mode}: the restarts reached the forwarder:\n{log}"
+        );
+        assert_eq!(dead, 0, "{mode}: an outage dead-letters nothing");
+        for i in 0..STREAM {
+            let (id, _) = message(i);
+            assert!(
+                service.contains_key(&id),
+                "{mode}: {id} missing from service"
+            );
+            assert!(
+                logging.contains_key(&id),
+                "{mode}: {id} missing from logging"
+            );
+        }
     }
     broker.close().await;
     node.stop().await;
 }
 
 #[tokio::test]
-async fn a_broker_restarted_twice_mid_stream_dead_letters_nothing_with_nack() {
-    restarted_twice("nack").await;
-}
-
-#[tokio::test]
-async fn a_broker_restarted_twice_mid_stream_dead_letters_nothing_with_republish() {
-    restarted_twice("republish").await;
+async fn a_broker_restarted_twice_mid_stream_dead_letters_nothing_with_nack_or_republish() {
+    restarted_twice_in_both_modes().await;
 }
 
 /// One branch over two endpoints on broker "edge", reached through `proxy`.
