@@ -67,14 +67,16 @@
 //! - The forwarder is restarted when it exits on its own (counted as a
 //!   failure), up to five times.
 //!
-//! The two runs take turns (each fills the machine with its nodes).
+//! The two runs go side by side, and beside `tests/cluster.rs` in the
+//! same test binary (`tests/slow/main.rs`): waiting on their publishers'
+//! pace and on the brokers, the three keep two cores about two thirds busy.
 //! `CHAOS_SEED` replays a run (the seed is printed), `CHAOS_MESSAGES`
 //! sets its size, `CHAOS_FAULTS` (comma list of kill, close, refuse,
 //! restart, alarm, poison, node; default all a run takes; `none` for none)
 //! picks the faults: restart and alarm are the single node's only, node
 //! the cluster's only, and a run leaves out those it does not take.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
@@ -133,8 +135,7 @@ const DESTINATIONS: [&str; 4] = ["service", "service.backup", "logging", "loggin
 /// Forwarder exits not caused by the test before it stops restarting it.
 const MAX_UNEXPECTED_EXITS: usize = 5;
 
-/// The tests of this file run one at a time: each fills a small machine
-/// with broker nodes and a forwarder under load.
+/// Taken by the big-header test, which runs alone when asked for by name.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Where a run happens.
@@ -499,13 +500,11 @@ impl Chaos {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_loses_nothing_under_faults() {
-    let _serial = ONE_AT_A_TIME.lock().await;
     chaos_run(Setup::Node).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_on_a_cluster_loses_nothing() {
-    let _serial = ONE_AT_A_TIME.lock().await;
     chaos_run(Setup::Cluster).await;
 }
 

@@ -4,7 +4,8 @@
 //! when it loses its node, and goes back to the preferred one when it
 //! returns. Every queue is a quorum queue replicated on the three nodes.
 //! Both tests run on one cluster, one after the other, each with its own
-//! queues and forwarder.
+//! queues and forwarder; beside them, in the same test binary
+//! (`tests/slow/main.rs`), the chaos runs.
 //!
 //! - A rolling restart (`stop_app`, five seconds down, `start_app`, node by
 //!   node) while messages flow: nothing lost, nothing dead-lettered, and
@@ -22,7 +23,7 @@
 //! grows is a copy arriving. At the end every queue is drained and each id
 //! counted per branch (primary and backup together).
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;

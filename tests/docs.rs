@@ -538,11 +538,17 @@ fn every_test_file_has_its_row() {
 
 /// With `autotests = false`, a file of `tests/` that no binary names would
 /// never run: each is a `[[test]]` of its own in `Cargo.toml` or a module
-/// of `tests/suite/main.rs`, not both.
+/// of one group binary (a `[[test]]` whose path is `tests/NAME/main.rs`),
+/// and only one.
 #[test]
 fn every_test_file_is_in_one_test_binary() {
     let manifest = read("Cargo.toml");
-    let suite = read("tests/suite/main.rs");
+    let group = Regex::new(r#"path = "(tests/\w+/main\.rs)""#).unwrap();
+    let groups: Vec<String> = group
+        .captures_iter(&manifest)
+        .map(|c| read(&c[1]))
+        .collect();
+    assert!(!groups.is_empty(), "Cargo.toml names no group binary");
     let dir = root().join("tests");
     let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     let mut wrong = Vec::new();
@@ -551,15 +557,16 @@ fn every_test_file_is_in_one_test_binary() {
         let Some(stem) = name.strip_suffix(".rs") else {
             continue;
         };
-        let own = manifest.contains(&format!("path = \"tests/{name}\""));
-        let module = suite.contains(&format!("#[path = \"../{name}\"]\nmod {stem};"));
-        if own == module {
-            wrong.push((name, own));
+        let module = format!("#[path = \"../{name}\"]\nmod {stem};");
+        let binaries = usize::from(manifest.contains(&format!("path = \"tests/{name}\"")))
+            + groups.iter().filter(|g| g.contains(&module)).count();
+        if binaries != 1 {
+            wrong.push((name, binaries));
         }
     }
     assert!(
         wrong.is_empty(),
-        "test files in no binary (false) or in two (true): {wrong:?}"
+        "test files not in exactly one binary (file, binaries): {wrong:?}"
     );
 }
 

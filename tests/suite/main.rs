@@ -5,11 +5,11 @@
 //! harness's threads. `cargo test --test suite failover::` runs one file's.
 //!
 //! Files stay out of it when they must have a process of their own: an
-//! allocator that counts (`routing`, `http_key_memory`), or a machine to
-//! themselves while they run (`chaos`, `cluster`, `http_hostile`, whose
-//! tests take turns and measure stalls, latencies or memory). Every other
-//! file of `tests/` is listed here; `tests/docs.rs` checks that each is in
-//! a binary.
+//! allocator that counts (`routing`, `http_key_memory`), tests that take
+//! turns with the machine to themselves (`http_hostile`, which measures
+//! latencies and memory), or the slow fault suites (`chaos`, `cluster`:
+//! `tests/slow/main.rs`). Every other file of `tests/` is listed here;
+//! `tests/docs.rs` checks that each is in exactly one binary.
 
 #[path = "../support/mod.rs"]
 mod support;
