@@ -69,7 +69,7 @@
 //!
 //! The two runs go side by side, and beside `tests/cluster.rs` in the
 //! same test binary (`tests/slow/main.rs`): waiting on their publishers'
-//! pace and on the brokers, the three keep two cores about two thirds busy.
+//! pace and on the brokers, the three keep two cores about half busy.
 //! `CHAOS_SEED` replays a run (the seed is printed), `CHAOS_MESSAGES`
 //! sets its size, `CHAOS_FAULTS` (comma list of kill, close, refuse,
 //! restart, alarm, poison, node; default all a run takes; `none` for none)

@@ -7,8 +7,8 @@
 //! Files stay out of it when they must have a process of their own: an
 //! allocator that counts (`routing`, `http_key_memory`), tests that take
 //! turns with the machine to themselves (`http_hostile`, which measures
-//! latencies and memory), or the slow fault suites (`chaos`, `cluster`:
-//! `tests/slow/main.rs`). Every other file of `tests/` is listed here;
+//! latencies and memory), or the longest tests (`chaos`, `cluster`,
+//! `walkthroughs`: `tests/slow/main.rs`). Every other file of `tests/` is listed here;
 //! `tests/docs.rs` checks that each is in exactly one binary.
 
 #[path = "../support/mod.rs"]
@@ -118,6 +118,3 @@ mod trust;
 
 #[path = "../vhosts.rs"]
 mod vhosts;
-
-#[path = "../walkthroughs.rs"]
-mod walkthroughs;
