@@ -12,6 +12,7 @@ use clap::Parser;
 use cli::{Cli, Command, LogFormat};
 use std::process::ExitCode;
 use switchyard::config::{self, Settings};
+use switchyard::destination::DeadLetter;
 
 const EXIT_FAILURE: u8 = 1;
 const EXIT_USAGE: u8 = 2;
@@ -111,8 +112,14 @@ fn summary(path: &std::path::Path, settings: &Settings) -> String {
         .map_or_else(|| "disabled".to_owned(), |a| a.to_string());
     let queue = match settings.queue() {
         Some((inbound, dl)) => format!(
-            "inbound: {} on {} (prefetch {})\ndead letters: {} via exchange \"{}\" key \"{}\"",
-            inbound.queue, inbound.broker, inbound.prefetch, dl.mode, dl.exchange, dl.routing_key
+            "inbound: {} on {} (prefetch {})\ndead letters: {} via exchange \"{}\" key \"{}\"{}",
+            inbound.queue,
+            inbound.broker,
+            inbound.prefetch,
+            dl.mode,
+            dl.exchange,
+            dl.routing_key,
+            delivery_limit(settings, inbound, dl)
         ),
         None => "inbound: none (HTTP ingress only)\ndead letters: none".to_owned(),
     };
@@ -124,6 +131,22 @@ fn summary(path: &std::path::Path, settings: &Settings) -> String {
         config::HttpIngress::summary(settings.http.as_ref()),
         settings.routing.summary()
     )
+}
+
+/// The summary's line on a quorum inbound queue's delivery limit, which
+/// `check` cannot see on the broker: what switchyard declares, and the
+/// policy for a queue created without it. Empty for a classic queue.
+fn delivery_limit(settings: &Settings, inbound: &config::Inbound, dl: &DeadLetter) -> String {
+    let broker = settings.brokers.get(&inbound.broker);
+    let policy = broker.and_then(|b| config::delivery_limit_policy(inbound, dl, &b.vhost()));
+    match (inbound.delivery_limit(), policy) {
+        (Some(limit), Some(policy)) => format!(
+            "\ndelivery limit: {limit} (x-delivery-limit on the quorum queue when switchyard \
+             creates it; a queue created without it needs a policy, or a message whose header \
+             the client cannot read blocks it: {policy})"
+        ),
+        _ => String::new(),
+    }
 }
 
 /// The runtime every command runs on: threads whose stacks hold any header

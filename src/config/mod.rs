@@ -4,6 +4,7 @@
 //! endpoint list non-empty, every filter compiled.
 
 mod compile;
+mod delivery_limit;
 mod error;
 mod ingress;
 mod load;
@@ -12,6 +13,7 @@ mod tls;
 mod unknown;
 
 pub(crate) use compile::compile;
+pub(crate) use delivery_limit::delivery_limit_policy;
 pub use error::ConfigError;
 pub(crate) use error::InvalidKey;
 pub use load::{CONFIG_ENV, DEFAULT_CONFIG_PATH, config_path, load, load_str};
@@ -338,6 +340,12 @@ impl BrokerSpec {
             .auth_mechanism
             .is_none_or(|m| matches!(m.name(), "PLAIN" | "AMQPLAIN"));
         named.then_some(uri.authority.userinfo.username)
+    }
+
+    /// The vhost its URIs name (all name the same one; `/` by default).
+    pub fn vhost(&self) -> String {
+        lapin::uri::AMQPUri::from_str(self.secret_uri())
+            .map_or_else(|_| "/".to_owned(), |u| u.vhost)
     }
 
     /// Every node's URI with its password masked, in order, safe for logs.
