@@ -1,5 +1,5 @@
 //! The inbound consumer: lost, cancelled, moving node, stopping, and
-//! consuming again.
+//! consuming again; the inbound queue's delivery limit.
 
 use super::{Telemetry, millis};
 use std::time::Duration;
@@ -56,5 +56,55 @@ impl Telemetry {
     /// The inbound consumer is (again) consuming.
     pub fn consuming(&self, queue: &str, prefetch: u16) {
         tracing::info!(queue, prefetch, "consuming");
+    }
+
+    /// The quorum inbound queue has a delivery limit above
+    /// `max_redeliveries` and a dead-letter exchange for a message at it.
+    pub fn delivery_limit(&self, queue: &str, limit: i64) {
+        tracing::info!(
+            queue,
+            delivery_limit = limit,
+            "inbound queue has a delivery limit: the broker dead-letters a message returned more \
+             often (reason delivery_limit), one the client cannot read included"
+        );
+    }
+
+    /// The quorum inbound queue's delivery limit is not above
+    /// `max_redeliveries`: the broker dead-letters messages before the
+    /// screen would.
+    pub fn delivery_limit_under_screen(&self, queue: &str, limit: i64, max_redeliveries: u32) {
+        tracing::warn!(
+            queue,
+            delivery_limit = limit,
+            max_redeliveries,
+            "inbound queue's delivery limit is not above inbound.max_redeliveries: the broker \
+             dead-letters a message returned that often (reason delivery_limit, without \
+             switchyard's record) before switchyard would call it poison"
+        );
+    }
+
+    /// The quorum inbound queue has a delivery limit but no dead-letter
+    /// exchange argument: `fix` is the policy that gives it one.
+    pub fn delivery_limit_drops(&self, queue: &str, limit: i64, fix: &str) {
+        tracing::warn!(
+            queue,
+            delivery_limit = limit,
+            fix,
+            "inbound queue has a delivery limit but no dead-letter exchange: unless a policy \
+             gives it one, the broker drops a message at the limit, one the client cannot read \
+             included; set one"
+        );
+    }
+
+    /// The quorum inbound queue has no `x-delivery-limit`: `fix` is the
+    /// policy that sets one.
+    pub fn delivery_limit_missing(&self, queue: &str, fix: &str) {
+        tracing::warn!(
+            queue,
+            fix,
+            "inbound queue has no x-delivery-limit: unless a policy sets delivery-limit (switchyard \
+             cannot see policies), a message whose header the client cannot read comes back for \
+             ever and holds up the queue; set one"
+        );
     }
 }

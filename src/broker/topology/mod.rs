@@ -11,6 +11,10 @@
 //! redeclaration never fails on them. A mismatch that matters is a one-line
 //! error naming the argument, the queue's message count and what to change.
 //!
+//! A quorum inbound queue is created with a delivery limit, and startup
+//! says what limit an existing one has and what to set when it has none
+//! (see `limit`).
+//!
 //! Unless switchyard has just declared and bound the dead-letter queue
 //! itself, one probe message checks that the dead-letter exchange routes the
 //! dead-letter routing key somewhere (see `probe`).
@@ -18,10 +22,12 @@
 //! Every operation runs on its own short-lived channel, because a refused
 //! declaration closes the channel it was made on.
 
+mod limit;
 mod operation;
 mod probe;
 mod queue;
 
+use limit::{DELIVERY_LIMIT, report_delivery_limit};
 pub use operation::TopologyError;
 use operation::{Op, run};
 use probe::probe_dead_letter_route;
@@ -79,7 +85,8 @@ pub async fn prepare_inbound(
         .await
         .map_err(|e| e.into_error(&format!("binding dead_letter.queue \"{queue}\"")))?;
     }
-    ensure_queue(connector, &inbound_spec(inbound, dl)).await?;
+    let arguments = ensure_queue(connector, &inbound_spec(inbound, dl)).await?;
+    report_delivery_limit(connector, (inbound, dl), &arguments);
     if !(inbound.declare && dl.queue.is_some()) {
         probe_dead_letter_route(connector, &inbound.broker, dl).await?;
     }
@@ -92,7 +99,8 @@ pub async fn redeclare_inbound(
     connector: &Connector,
     (inbound, dl): (&Inbound, &DeadLetter),
 ) -> Result<(), TopologyError> {
-    ensure_queue(connector, &inbound_spec(inbound, dl)).await
+    ensure_queue(connector, &inbound_spec(inbound, dl)).await?;
+    Ok(())
 }
 
 /// Declares an endpoint's `declare_queue`, if it has one, with its type.
@@ -108,11 +116,14 @@ pub async fn declare_endpoint_queue(
         &format!("endpoints.{}.declare_queue_type", endpoint.name),
         endpoint.declare_queue_type,
     );
-    ensure_queue(connector, &spec).await
+    ensure_queue(connector, &spec).await?;
+    Ok(())
 }
 
 /// The inbound queue as the configuration wants it.
 ///
+/// A quorum queue is created with `x-delivery-limit` (see
+/// [`Inbound::delivery_limit`]); an existing one keeps its own, or none.
 /// In `nack` mode the dead-letter arguments must hold, since the broker
 /// routes every nack through them. A quorum queue in `nack` mode is created
 /// with `x-dead-letter-strategy = at-least-once`, which RabbitMQ honours only
@@ -165,6 +176,9 @@ fn inbound_spec<'a>(inbound: &'a Inbound, dl: &'a DeadLetter) -> QueueSpec<'a> {
                 spec.prefer("x-dead-letter-routing-key", key);
             }
         }
+    }
+    if let Some(limit) = inbound.delivery_limit() {
+        spec.prefer(DELIVERY_LIMIT, AmqpValue::LongLongInt(i64::from(limit)));
     }
     if inbound.single_active_consumer {
         spec.require(

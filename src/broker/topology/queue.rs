@@ -118,12 +118,13 @@ impl<'a> QueueSpec<'a> {
 /// Declares `spec` (or checks it exists, when it may not be created) and
 /// redeclares it until the broker accepts: each refusal over an argument
 /// that does not matter adopts the queue's own value; one over an argument
-/// that matters is an error.
-// Kept as one loop (81 lines): declare, read the refusal, adopt or fail.
+/// that matters is an error. Returns the arguments the broker accepted:
+/// of those the broker compares, the queue has exactly these.
+// Kept as one loop (about 80 lines): declare, read the refusal, adopt or fail.
 pub(super) async fn ensure_queue(
     connector: &Connector,
     spec: &QueueSpec<'_>,
-) -> Result<(), TopologyError> {
+) -> Result<Vec<(String, AmqpValue)>, TopologyError> {
     if !spec.create {
         passive_queue(connector, spec.name)
             .await
@@ -140,7 +141,7 @@ pub(super) async fn ensure_queue(
     loop {
         let table = table_of(&arguments);
         let text = match declare_queue(connector, spec.name, table).await {
-            Ok(()) => return Ok(()),
+            Ok(()) => return Ok(arguments),
             Err(Op::Refused(406, text)) => text,
             Err(other) => return Err(other.into_error(&spec.describe())),
         };
