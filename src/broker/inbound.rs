@@ -7,15 +7,20 @@
 //! of the messages behind it for no more than [`BEHIND_ACK_DELAY`]. A
 //! receipt dropped unsettled requeues its message, so nothing leaks a
 //! prefetch slot.
+//!
+//! A consumer lost to a message the client cannot read opens the next ones
+//! one message at a time until the messages returned with it have passed
+//! (see `unreadable`).
 
 use super::closing::close_channel;
 use super::connector::{ConnectError, Connector};
-use super::error::{BrokerError, code};
+use super::error::{BrokerError, Level, code};
+use super::unreadable::{SingleFile, after_delivery, oversized_frame};
 use crate::amqp::FieldTable;
 use crate::config::Inbound;
 use crate::destination::QueueType;
 use crate::envelope::Envelope;
-use crate::telemetry::Telemetry;
+use crate::telemetry::{Telemetry, UnreadableLoss};
 use crate::wire::{Annotations, Reading, Trust};
 use futures_util::StreamExt;
 use lapin::options::{
@@ -60,12 +65,30 @@ pub enum ConsumeError {
     /// The consumer failed while delivering.
     #[error("consumer failed: {0}")]
     Delivery(#[source] BrokerError),
+    /// A delivery's content header was larger than the connection's
+    /// `frame_max`: the client closed the connection on it.
+    #[error(
+        "a delivery's content header frame of {frame} bytes exceeds frame_max {frame_max}: \
+         the client cannot read it"
+    )]
+    Unreadable {
+        /// The frame's size in bytes.
+        frame: usize,
+        /// The connection's negotiated `frame_max`.
+        frame_max: u32,
+    },
 }
 
 impl ConsumeError {
     /// Whether the broker said the inbound queue does not exist.
     pub fn queue_not_found(&self) -> bool {
         matches!(self, Self::Consume { error, .. } if error.code == Some(code::NOT_FOUND))
+    }
+
+    /// Whether a message the client cannot read ended the consumer (already
+    /// logged, with what is known of it).
+    pub fn unreadable(&self) -> bool {
+        matches!(self, Self::Unreadable { .. })
     }
 }
 
@@ -83,7 +106,17 @@ pub struct InboundChannel {
     unacked: Arc<AtomicUsize>,
     /// How its deliveries' headers are read.
     reading: Reading,
-    queue: String,
+    inbound: Inbound,
+    /// The prefetch it consumes with: `inbound.prefetch`, or 1 while the
+    /// messages returned with an unreadable one pass.
+    prefetch: u16,
+    /// The connection's negotiated `frame_max`.
+    frame_max: u32,
+    single_file: SingleFile,
+    /// While one at a time: the deliveries still to take so.
+    remaining: Option<u32>,
+    /// The returned messages have just passed; see [`InboundChannel::returned_passed`].
+    passed: bool,
     telemetry: Telemetry,
 }
 
@@ -201,17 +234,22 @@ impl Drop for Receipt {
 }
 
 /// Opens a consuming channel on `connector`: qos, then `basic.consume` with
-/// manual acks.
+/// manual acks; one message at a time while `single_file` says so.
 pub async fn open_inbound(
     connector: &Connector,
     name: &str,
     inbound: &Inbound,
+    single_file: &SingleFile,
 ) -> Result<InboundChannel, ConsumeError> {
+    let opening = single_file.opening(inbound);
+    if !opening.delay.is_zero() {
+        tokio::time::sleep(opening.delay).await;
+    }
     let channel = connector.channel(false, OPEN_TIMEOUT).await?;
     let consumer_tag = format!("{name}-{}", uuid::Uuid::new_v4().simple());
     let start = async {
         channel
-            .basic_qos(inbound.prefetch, BasicQosOptions { global: false })
+            .basic_qos(opening.prefetch, BasicQosOptions { global: false })
             .await?;
         channel
             .basic_consume(
@@ -248,7 +286,12 @@ pub async fn open_inbound(
         settler,
         unacked,
         reading: reading(inbound),
-        queue: inbound.queue.clone(),
+        inbound: inbound.clone(),
+        prefetch: opening.prefetch,
+        frame_max: connector.frame_max(),
+        single_file: single_file.clone(),
+        remaining: opening.remaining,
+        passed: false,
         telemetry: connector.telemetry().clone(),
     })
 }
@@ -267,8 +310,17 @@ impl InboundChannel {
     pub async fn next(&mut self) -> Option<Result<(Envelope, Receipt), ConsumeError>> {
         let delivery = match self.consumer.next().await? {
             Ok(delivery) => delivery,
-            Err(e) => return Some(Err(ConsumeError::Delivery(BrokerError::from_lapin(&e)))),
+            Err(e) => return Some(Err(self.failed(&e))),
         };
+        if let Some(remaining) = self.remaining {
+            self.remaining = after_delivery(remaining, delivery.redelivered);
+            self.single_file.read(self.remaining);
+            if self.remaining.is_none() {
+                self.passed = true;
+                self.telemetry
+                    .unreadable_passed(&self.inbound.queue, self.inbound.prefetch);
+            }
+        }
         let tag = delivery.delivery_tag;
         let _ = self.settle.send(Settle::Track(tag));
         let annotations =
@@ -290,6 +342,50 @@ impl InboundChannel {
         Some(Ok((envelope, receipt)))
     }
 
+    /// Why the consumer failed. A message the client cannot read is logged
+    /// with what is known of it (its id is not), and the next consumers
+    /// take messages one at a time.
+    fn failed(&self, error: &lapin::Error) -> ConsumeError {
+        let error = BrokerError::from_lapin(error);
+        let frame = (error.code == Some(code::FRAME_ERROR) && error.level == Level::Connection)
+            .then(|| oversized_frame(&error.text))
+            .flatten();
+        let Some(frame) = frame else {
+            return ConsumeError::Delivery(error);
+        };
+        let loss = self
+            .single_file
+            .lost(&self.inbound, self.prefetch, self.remaining);
+        self.telemetry.unreadable_message(
+            &self.inbound.queue,
+            &UnreadableLoss {
+                frame,
+                frame_max: self.frame_max,
+                held_unacked: self.unacked.load(Ordering::Relaxed),
+                losses: loss.losses,
+                single_file: loss.single_file,
+                next_try: loss.delay,
+                delivery_limit: self.inbound.delivery_limit(),
+            },
+        );
+        ConsumeError::Unreadable {
+            frame,
+            frame_max: self.frame_max,
+        }
+    }
+
+    /// True, once, when the messages returned with one the client could not
+    /// read have passed: the consumer should be opened again, at the
+    /// configured prefetch.
+    pub fn returned_passed(&mut self) -> bool {
+        std::mem::take(&mut self.passed)
+    }
+
+    /// The prefetch it consumes with.
+    pub fn prefetch(&self) -> u16 {
+        self.prefetch
+    }
+
     /// Whether the channel is still open (a consumer that ended on an open
     /// channel was cancelled by the broker).
     pub fn is_open(&self) -> bool {
@@ -306,7 +402,7 @@ impl InboundChannel {
         );
         if tokio::time::timeout(STOP_TIMEOUT, cancel).await.is_err() {
             self.telemetry
-                .consumer_stop_timed_out(&self.queue, STOP_TIMEOUT);
+                .consumer_stop_timed_out(&self.inbound.queue, STOP_TIMEOUT);
         }
     }
 
@@ -327,7 +423,7 @@ impl InboundChannel {
         {
             let unacked = self.unacked.load(Ordering::Relaxed);
             self.telemetry
-                .inbound_close_timed_out(&self.queue, unacked, STOP_TIMEOUT);
+                .inbound_close_timed_out(&self.inbound.queue, unacked, STOP_TIMEOUT);
         }
         close_channel(&self.channel, "switchyard: shutdown", &self.telemetry).await;
     }

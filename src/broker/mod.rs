@@ -10,6 +10,8 @@
 //!   publish.
 //! - `inbound`: the consuming connection: qos, peek-lock consume, and the
 //!   settle actor that batches acks.
+//! - `unreadable`: a message the client cannot read (a header over
+//!   `frame_max`), and the one-at-a-time consumer that lets it pass.
 //! - `topology`: startup declarations and the dead-letter checks.
 //! - `dlq_reader`: the dead-letter queue read without removing, and
 //!   copies put back on the inbound queue, for `dlq inspect` / `redrive`.
@@ -32,6 +34,7 @@ mod publisher;
 mod registry;
 mod tls;
 mod topology;
+mod unreadable;
 
 #[cfg(test)]
 pub(crate) use connector::ConnectFailure;
@@ -49,3 +52,4 @@ pub(crate) use registry::{Attempt, Health, Publish, Publishers};
 pub(crate) use topology::{
     TopologyError, declare_endpoint_queue, prepare_inbound, redeclare_inbound,
 };
+pub use unreadable::SingleFile;

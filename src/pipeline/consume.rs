@@ -12,6 +12,9 @@
 //! consumer is lost it is reopened (the queue re-declared first when
 //! `inbound.declare` is on); transactions of the lost channel start no new
 //! publishes, and the broker redelivers their messages (at-least-once).
+//! After a loss to a message the client cannot read, the consumer takes
+//! one message at a time until the messages returned with it have passed,
+//! then opens again at the configured prefetch (see `broker::SingleFile`).
 //!
 //! A reload that changes `[inbound]` (or its broker) cancels the consumer,
 //! waits until every transaction has settled on the old channel, closes it
@@ -26,7 +29,8 @@ use super::outcome::Verdict;
 use super::sessions::{self, Sessions};
 use crate::backoff::Backoff;
 use crate::broker::{
-    ConnectError, ConsumeError, InboundChannel, Receipt, open_inbound, redeclare_inbound,
+    ConnectError, ConsumeError, InboundChannel, Receipt, SingleFile, open_inbound,
+    redeclare_inbound,
 };
 use crate::envelope::Envelope;
 use crate::reload::Reload;
@@ -53,6 +57,9 @@ enum Event {
     /// The broker cancelled the consumer (`basic.cancel`: a quorum queue
     /// moving its leader, the queue deleted) on a channel still open.
     Cancelled,
+    /// The messages returned with one the client could not read have
+    /// passed: consume at the configured prefetch again.
+    Widen,
 }
 
 /// The consumer's state: what it takes messages under and hands them to.
@@ -84,6 +91,8 @@ struct State {
     /// connection that may be moving nodes, delaying the consumer for no
     /// gain.
     redeclare: bool,
+    /// After a message the client cannot read: one message at a time.
+    single_file: SingleFile,
 }
 
 /// One open inbound channel, and its connector's moves to a more preferred
@@ -117,6 +126,7 @@ impl Consumer {
             prefetch,
             backoff,
             redeclare: false,
+            single_file: SingleFile::default(),
         };
         let mut open: Option<Open> = None;
         while !shutdown.is_cancelled() {
@@ -161,7 +171,7 @@ impl Consumer {
                         self.live.common.background.spawn(channel.inbound.close());
                     }
                 }
-                Event::Moved | Event::Cancelled => {
+                Event::Moved | Event::Cancelled | Event::Widen => {
                     if matches!(event, Event::Moved) {
                         let queue = inbound_queue(&self.live.current());
                         self.telemetry.consumer_moving(&queue);
@@ -197,13 +207,13 @@ impl Consumer {
         }
         let opened = tokio::select! {
             () = shutdown.cancelled() => return never(),
-            opened = open_inbound(&consume_connector.0, &settings.name, inbound) => opened,
+            opened = open_inbound(&consume_connector.0, &settings.name, inbound, &state.single_file) => opened,
         };
         let connector = consume_connector.0.clone();
         match opened {
             Ok(channel) => {
                 state.backoff.reset();
-                self.telemetry.consuming(&inbound.queue, inbound.prefetch);
+                self.telemetry.consuming(&inbound.queue, channel.prefetch());
                 self.consuming.store(true, Ordering::Relaxed);
                 Opening::Opened(Box::new(Open {
                     inbound: channel,
@@ -296,9 +306,17 @@ impl Consumer {
                 return Event::Shutdown;
             };
             match next {
-                Some(Ok((envelope, receipt))) => self.dispatch(envelope, receipt, permit),
+                Some(Ok((envelope, receipt))) => {
+                    self.dispatch(envelope, receipt, permit);
+                    if inbound.returned_passed() {
+                        return Event::Widen;
+                    }
+                }
                 Some(Err(why)) => {
-                    self.telemetry.consumer_lost(&queue(), &why.to_string());
+                    // A message the client cannot read was logged as such.
+                    if !why.unreadable() {
+                        self.telemetry.consumer_lost(&queue(), &why.to_string());
+                    }
                     return Event::Lost;
                 }
                 None if inbound.is_open() => {

@@ -1,8 +1,31 @@
 //! The inbound consumer: lost, cancelled, moving node, stopping, and
-//! consuming again; the inbound queue's delivery limit.
+//! consuming again; a message it cannot read, and the inbound queue's
+//! delivery limit that ends one.
 
 use super::{Telemetry, millis};
 use std::time::Duration;
+
+/// What is known of a consumer lost to a message the client cannot read:
+/// not its id, nor anything else the unread header holds.
+#[derive(Debug, Clone, Copy)]
+pub struct UnreadableLoss {
+    /// The size of its content header frame.
+    pub frame: usize,
+    /// The connection's negotiated `frame_max`.
+    pub frame_max: u32,
+    /// Messages the consumer held unacked, which the broker returns with it.
+    pub held_unacked: usize,
+    /// Such losses since a message was last read.
+    pub losses: u32,
+    /// Deliveries the consumer now takes one at a time, at most.
+    pub single_file: u32,
+    /// The wait before consuming again (none while the queue's delivery
+    /// limit may be what ends the losses).
+    pub next_try: Duration,
+    /// The delivery limit switchyard declares on the queue; `None` for a
+    /// classic queue, which has none.
+    pub delivery_limit: Option<u32>,
+}
 
 impl Telemetry {
     /// The inbound consumer was lost and is being reopened.
@@ -105,6 +128,45 @@ impl Telemetry {
             "inbound queue has no x-delivery-limit: unless a policy sets delivery-limit (switchyard \
              cannot see policies), a message whose header the client cannot read comes back for \
              ever and holds up the queue; set one"
+        );
+    }
+
+    /// The consumer was lost to a message whose content header the client
+    /// cannot read; it consumes one message at a time until the messages
+    /// returned with it have passed.
+    pub fn unreadable_message(&self, queue: &str, loss: &UnreadableLoss) {
+        let ends = match loss.delivery_limit {
+            Some(limit) => format!(
+                "the quorum queue dead-letters it past its delivery limit (reason \
+                 delivery_limit; switchyard declares {limit}, and `switchyard check` prints the \
+                 policy for a queue created without one)"
+            ),
+            None => "a classic queue has no delivery limit: it comes back until it is removed"
+                .to_owned(),
+        };
+        tracing::warn!(
+            queue,
+            frame_bytes = loss.frame,
+            frame_max = loss.frame_max,
+            held_unacked = loss.held_unacked,
+            losses = loss.losses,
+            single_file = loss.single_file,
+            next_try_ms = millis(loss.next_try),
+            ends = ends.as_str(),
+            "a message whose content header is over frame_max closed the consuming connection \
+             (its id is unknown: the client cannot read it); the broker returns it with the \
+             unacked messages; consuming one at a time until they have passed"
+        );
+    }
+
+    /// The messages returned with one the client could not read have
+    /// passed: the consumer opens again at `prefetch`.
+    pub fn unreadable_passed(&self, queue: &str, prefetch: u16) {
+        tracing::info!(
+            queue,
+            prefetch,
+            "the messages returned with an unreadable one have passed; consuming at the \
+             configured prefetch again"
         );
     }
 }

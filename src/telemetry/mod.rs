@@ -31,6 +31,7 @@ mod lifecycle;
 mod metrics;
 mod sessions;
 
+pub(crate) use consumer::UnreadableLoss;
 pub(crate) use delivery::Replay;
 pub(crate) use http::Listener;
 pub(crate) use lifecycle::StartupSummary;
