@@ -3,7 +3,7 @@
 //! queue in its original order.
 
 use super::error::{Counts, DlqError};
-use super::record::{NACK_NOTE, PREVIEW_BYTES, Record};
+use super::record::{PREVIEW_BYTES, Record};
 use super::scan::{Scan, Selection, format_age, open};
 
 /// Dead letters `inspect` lists when `--limit` is not given.
@@ -200,8 +200,8 @@ fn details(r: &Record, now_ms: i64) -> Vec<String> {
             r.producer_annotations.join(", ")
         ));
     }
-    if !r.annotated {
-        lines.push(format!("note: {NACK_NOTE}"));
+    if let Some(note) = r.note() {
+        lines.push(format!("note: {note}"));
     }
     lines
         .into_iter()

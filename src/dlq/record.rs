@@ -22,6 +22,10 @@ pub const PREVIEW_BYTES: usize = 64;
 /// Said of a dead letter that carries no annotation of the forwarder's.
 pub const NACK_NOTE: &str = "dead-lettered by the broker (nack mode or a queue limit): the reason and branches are only in the forwarder's log (event \"dead-lettered\", by message_id)";
 
+/// Said of a dead letter the broker made at the inbound queue's delivery
+/// limit (its newest `x-death` reason is `delivery_limit`).
+pub const DELIVERY_LIMIT_NOTE: &str = "dead-lettered by the broker at the queue's delivery limit: it came back more often than the limit without being settled, so switchyard never decided on it (a message whose header switchyard's client cannot read, or a forwarder that kept stopping with it); redrive sends it to every branch";
+
 /// Headers the broker adds when it dead-letters or redelivers a message;
 /// a redriven copy starts without them.
 const BROKER_HEADERS: [&str; 2] = ["x-death", "x-delivery-count"];
@@ -197,6 +201,19 @@ impl Record {
         }
     }
 
+    /// What a listing says of a dead letter the forwarder did not
+    /// annotate: who dead-lettered it and where its reason is.
+    pub fn note(&self) -> Option<&'static str> {
+        if self.annotated {
+            return None;
+        }
+        let newest = self.deaths.first().and_then(|d| d.reason.as_deref());
+        Some(match newest {
+            Some("delivery_limit") => DELIVERY_LIMIT_NOTE,
+            _ => NACK_NOTE,
+        })
+    }
+
     /// Milliseconds since it was dead-lettered, if known.
     pub fn age_ms(&self, now_ms: i64) -> Option<i64> {
         self.dead_lettered_at_ms.map(|at| (now_ms - at).max(0))
@@ -230,7 +247,7 @@ impl Record {
             "age_ms": self.age_ms(now_ms),
             "annotated": self.annotated,
             "x_death": deaths,
-            "note": (!self.annotated).then_some(NACK_NOTE),
+            "note": self.note(),
             "producer_annotations": self.producer_annotations,
             "body_bytes": self.body_bytes,
             "body_preview": self.body_preview,
@@ -558,6 +575,26 @@ endpoint = "l1"
             }]
         );
         assert_eq!(r.to_json(0)["note"], NACK_NOTE);
+    }
+
+    #[test]
+    fn a_dead_letter_made_at_the_delivery_limit_says_so() {
+        let mut death = FieldTable::default();
+        death.insert("count".into(), AmqpValue::LongLongInt(1));
+        death.insert("reason".into(), text("delivery_limit"));
+        death.insert("queue".into(), text("in"));
+        let m = message(
+            vec![(
+                "x-death",
+                AmqpValue::FieldArray(FieldArray::from(vec![AmqpValue::FieldTable(death)])),
+            )],
+            b"",
+        );
+        let r = Record::read(&m, &routing(), &trust());
+        assert_eq!(r.reason.as_deref(), Some("x-death:delivery_limit"));
+        assert_eq!(r.note(), Some(DELIVERY_LIMIT_NOTE));
+        assert_eq!(r.to_json(0)["note"], DELIVERY_LIMIT_NOTE);
+        assert_eq!(r.missing(), Missing::Every);
     }
 
     #[test]
