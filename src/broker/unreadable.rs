@@ -13,8 +13,10 @@
 //! (prefetch 1) until those returned with it have passed: the first
 //! delivery that is not a redelivery, or as many deliveries as were
 //! unacked when it was lost (the prefetch in effect). Each further loss
-//! returns the unreadable message alone, until the queue's delivery limit
-//! dead-letters it (see [`crate::config::delivery_limit_policy`]); then the
+//! returns the unreadable message alone (a quorum queue puts it behind the
+//! messages returned before it, which then pass it), until the queue's
+//! delivery limit dead-letters it (see
+//! [`crate::config::delivery_limit_policy`]); then the
 //! consumer opens again at the configured prefetch (a quorum queue fixes a
 //! consumer's prefetch when it consumes, so it is reopened, not re-qos'd).
 //!

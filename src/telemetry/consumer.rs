@@ -137,9 +137,9 @@ impl Telemetry {
     pub fn unreadable_message(&self, queue: &str, loss: &UnreadableLoss) {
         let ends = match loss.delivery_limit {
             Some(limit) => format!(
-                "the quorum queue dead-letters it past its delivery limit (reason \
-                 delivery_limit; switchyard declares {limit}, and `switchyard check` prints the \
-                 policy for a queue created without one)"
+                "a quorum queue dead-letters it once returned more often than its delivery limit \
+                 (reason delivery_limit): switchyard creates the queue with {limit}, and \
+                 `switchyard check` prints the policy for a queue created without it"
             ),
             None => "a classic queue has no delivery limit: it comes back until it is removed"
                 .to_owned(),
