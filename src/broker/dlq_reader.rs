@@ -3,6 +3,12 @@
 //! with `basic.get` and manual acks, and, for redrive, a confirm channel
 //! that puts copies back on the inbound queue.
 //!
+//! A dead letter whose content header is larger than the connection's
+//! `frame_max` (the broker's `x-death` can take a header that fit past it)
+//! makes the client close the connection; the reader says so, with the
+//! dead letter's place in the queue, instead of waiting for an answer that
+//! cannot come.
+//!
 //! Nothing is removed unless the caller acks it. Every message taken and
 //! not acked is held (unacked) until [`DlqReader::finish`], which hands them
 //! all back with one `basic.nack(multiple, requeue)`; the broker puts each
@@ -12,17 +18,20 @@
 
 use super::closing::{close_channel, close_connection};
 use super::connector::{ConnectError, connect_first};
-use super::error::{BrokerError, Fault};
+use super::error::{BrokerError, Fault, Level, code};
+use super::unreadable::oversized_frame;
 use crate::amqp::{FieldTable, Properties};
 use crate::config::BrokerSpec;
 use crate::envelope::Envelope;
 use crate::telemetry::Telemetry;
+use futures_util::{Stream, StreamExt};
 use lapin::options::{
     BasicAckOptions, BasicGetOptions, BasicNackOptions, BasicPublishOptions, ConfirmSelectOptions,
     QueueDeclareOptions,
 };
-use lapin::{Channel, Confirmation, Connection, ConnectionProperties};
+use lapin::{Channel, Confirmation, Connection, ConnectionProperties, Event};
 use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 /// Bound on every broker operation, a publish confirm included.
@@ -58,6 +67,22 @@ pub enum ReadError {
     /// The broker did not answer in time.
     #[error("{0}: no answer from the broker within 30 s")]
     Timeout(&'static str),
+    /// A dead letter's content header is larger than the connection's
+    /// `frame_max`: the client closed the connection on it.
+    #[error(
+        "dead letter {position} of the queue (from its head) has a content header of {frame} \
+         bytes, over the broker's frame_max of {frame_max}: no client of this broker can read it \
+         (headers the broker added when it dead-lettered it took it past the limit); the command \
+         stops there, and a broker with a larger frame_max (rabbitmq.conf) would let it be read"
+    )]
+    Unreadable {
+        /// Its place in the queue, 1 for the head.
+        position: u64,
+        /// The size of its content header frame.
+        frame: usize,
+        /// The connection's negotiated `frame_max`.
+        frame_max: u32,
+    },
 }
 
 /// Why a copy put back on the inbound queue was not confirmed.
@@ -94,6 +119,11 @@ pub struct DlqReader {
     queue: String,
     /// The delivery tag of the last message taken, if any.
     last_tag: Option<u64>,
+    /// Messages taken so far.
+    taken: u64,
+    /// The connection's events, to learn at once that it failed (in a
+    /// mutex only to be shared between threads; only `&mut self` reads it).
+    events: std::sync::Mutex<Pin<Box<dyn Stream<Item = Event> + Send>>>,
     /// Where a close the broker does not answer is logged.
     telemetry: Telemetry,
 }
@@ -110,6 +140,7 @@ impl DlqReader {
         let properties = ConnectionProperties::default()
             .with_connection_name(format!("{instance}/dlq/{}", spec.name).into());
         let connection = connect_first(spec, properties).await?;
+        let events = std::sync::Mutex::new(Box::pin(connection.events_listener()) as Pin<Box<_>>);
         // A command's own: its metrics are never served.
         let telemetry = Telemetry::new();
         let channel = bounded("opening a channel", connection.create_channel()).await?;
@@ -152,6 +183,8 @@ impl DlqReader {
             publisher: None,
             queue: queue.to_owned(),
             last_tag: None,
+            taken: 0,
+            events,
             telemetry,
         };
         Ok((reader, count))
@@ -159,14 +192,47 @@ impl DlqReader {
 
     /// Takes the next dead letter, unacked; `None` when no message is ready.
     pub async fn next(&mut self) -> Result<Option<Envelope>, ReadError> {
-        let got = bounded(
+        let get = bounded(
             "reading the dead-letter queue",
             self.channel.basic_get(
                 self.queue.as_str().into(),
                 BasicGetOptions { no_ack: false },
             ),
-        )
-        .await?;
+        );
+        // The get is never answered when the client itself closes the
+        // connection; its error event says why.
+        let events = self.events.get_mut().unwrap_or_else(|e| e.into_inner());
+        let failed = async {
+            while let Some(event) = events.next().await {
+                if let Event::Error(error) = event {
+                    return error;
+                }
+            }
+            std::future::pending().await
+        };
+        let got = tokio::select! {
+            got = get => got?,
+            error = failed => {
+                let error = BrokerError::from_lapin(&error);
+                let frame = (error.code == Some(code::FRAME_ERROR) && error.level == Level::Connection)
+                    .then(|| oversized_frame(&error.text))
+                    .flatten();
+                return Err(match frame {
+                    Some(frame) => ReadError::Unreadable {
+                        position: self.taken + 1,
+                        frame,
+                        frame_max: self.connection.configuration().frame_max(),
+                    },
+                    None => ReadError::Broker {
+                        what: "reading the dead-letter queue",
+                        error,
+                    },
+                });
+            }
+        };
+        if got.is_some() {
+            self.taken += 1;
+        }
         Ok(got.map(|message| {
             let delivery = message.delivery;
             self.last_tag = Some(delivery.delivery_tag);
