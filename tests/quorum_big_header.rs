@@ -24,12 +24,18 @@
 //! afterwards forwarded once to both branches, the backups and the
 //! inbound queue empty; on the quorum queue the log shows the losses to
 //! the unreadable frame and the return to the configured prefetch once the
-//! returned messages have passed.
+//! returned messages have passed. `dlq inspect` says at once that the big
+//! dead letter cannot be read where the broker's headers took it past
+//! `frame_max` (quorum, and classic in `nack` mode), and lists a readable
+//! message the quorum queue dead-lettered at its limit (returned by the
+//! test until the queue gave it up) with reason `x-death:delivery_limit`
+//! and what that means.
 
 mod support;
 
 use std::time::Duration;
 
+use lapin::options::{BasicGetOptions, BasicNackOptions};
 use lapin::types::AMQPValue;
 use support::config::Forwarder;
 use support::harness::{Process, clean_command};
@@ -165,6 +171,7 @@ async fn run_case(node: &PrivateNode, case: Case) -> Result<String, String> {
     second.signal("TERM");
     second.wait_exit(Duration::from_secs(30)).await;
     let log = second.log();
+    let inspected = dlq_inspect(&p, &toml, &[]).await;
     let mut found = Vec::new();
     for suffix in QUEUES {
         let messages = raw
@@ -174,10 +181,130 @@ async fn run_case(node: &PrivateNode, case: Case) -> Result<String, String> {
         found.push((suffix, messages));
     }
     raw.close().await;
+    let at_the_limit = if case.queue_type == "quorum" {
+        Some(dead_letter_at_the_limit(node, &p, &toml).await)
+    } else {
+        None
+    };
     if let Some(name) = policy {
         node.clear_policy(&name).await;
     }
-    check(case, &found, state, &first_log, &log)
+    let report = check(case, &found, state, (&first_log, &log))?;
+    let inspect = check_inspect(case, &inspected, at_the_limit.as_ref())?;
+    Ok(format!("{report}; {inspect}"))
+}
+
+/// What `dlq inspect` said, how long it took, and whether it succeeded.
+#[derive(Debug)]
+struct Inspected {
+    ok: bool,
+    out: String,
+    took: Duration,
+}
+
+/// `switchyard dlq inspect ARGS` on the configuration `toml`.
+async fn dlq_inspect(p: &str, toml: &str, args: &[&str]) -> Inspected {
+    let config = std::env::temp_dir().join(format!("{p}-dlq.toml"));
+    std::fs::write(&config, toml).unwrap_or_else(|e| panic!("write config: {e}"));
+    let began = Instant::now();
+    let out = tokio::process::Command::from(clean_command())
+        .args(["dlq", "inspect", "--config"])
+        .arg(&config)
+        .args(args)
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("dlq inspect: {e}"));
+    let _ = std::fs::remove_file(&config);
+    Inspected {
+        ok: out.status.success(),
+        out: format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        took: began.elapsed(),
+    }
+}
+
+/// A readable message the quorum inbound queue dead-letters at its limit:
+/// taken and handed back by the test until the queue gives it up, then
+/// listed by `dlq inspect --json` (and drained).
+async fn dead_letter_at_the_limit(node: &PrivateNode, p: &str, toml: &str) -> Inspected {
+    let inbound = format!("{p}.in");
+    let broker = TestBroker::connect_to(&node.amqp_url(), &format!("{p}-returns")).await;
+    let props = lapin::BasicProperties::default()
+        .with_message_id("m-limit".into())
+        .with_delivery_mode(2);
+    broker.publish("", &inbound, b"m-limit", props).await;
+    let mut returns = 0;
+    while returns < 20 {
+        let got = broker
+            .channel()
+            .basic_get(inbound.as_str().into(), BasicGetOptions { no_ack: false })
+            .await
+            .unwrap_or_else(|e| panic!("basic.get: {e}"));
+        let Some(message) = got else { break };
+        let requeue = BasicNackOptions {
+            multiple: false,
+            requeue: true,
+        };
+        message
+            .delivery
+            .nack(requeue)
+            .await
+            .unwrap_or_else(|e| panic!("basic.nack: {e}"));
+        returns += 1;
+    }
+    let dlq = format!("{p}.dlq");
+    wait_until("the queue dead-letters it", SETTLE_WAIT, || async {
+        broker.try_queue_len(&dlq).await == Some(1)
+    })
+    .await;
+    let mut inspected = dlq_inspect(p, toml, &["--json"]).await;
+    inspected.out = format!("returned {returns} times; {}", inspected.out);
+    broker.delete_queue(&dlq).await;
+    broker.close().await;
+    inspected
+}
+
+/// What `dlq inspect` says of the dead letters: the big one cannot be read
+/// on a classic queue in `nack` mode or a quorum queue (the broker's
+/// headers took it past `frame_max`), and it says so at once; a readable
+/// one the quorum queue dead-lettered at its limit shows that reason.
+fn check_inspect(
+    case: Case,
+    big: &Inspected,
+    at_the_limit: Option<&Inspected>,
+) -> Result<String, String> {
+    let unreadable = case.queue_type == "quorum" || case.mode == "nack";
+    let said = if unreadable {
+        !big.ok
+            && big
+                .out
+                .contains("dead letter 1 of the queue (from its head)")
+            && big.out.contains("over the broker's frame_max of")
+            && big.took < Duration::from_secs(10)
+    } else {
+        big.ok && big.out.contains("poison-big")
+    };
+    if !said {
+        return Err(format!("dlq inspect of the big one: {big:?}"));
+    }
+    if let Some(limit) = at_the_limit {
+        let listed = limit.ok
+            && limit.out.contains(r#""reason":"x-death:delivery_limit""#)
+            && limit
+                .out
+                .contains("dead-lettered by the broker at the queue's delivery limit");
+        if !listed {
+            return Err(format!("dlq inspect at the limit: {limit:?}"));
+        }
+    }
+    Ok(format!(
+        "dlq inspect: {:?} in {:.1}s",
+        big.out.lines().last().unwrap_or_default(),
+        big.took.as_secs_f64()
+    ))
 }
 
 /// The accounting of one case, and the log lines that say what happened.
@@ -185,8 +312,7 @@ fn check(
     case: Case,
     found: &[(&str, Vec<RawMessage>)],
     state: Option<(u64, u64)>,
-    first_log: &str,
-    log: &str,
+    (first_log, log): (&str, &str),
 ) -> Result<String, String> {
     let ids = |suffix: &str| -> Vec<String> {
         found
