@@ -75,11 +75,12 @@ pub enum Command {
     ///
     /// Loads the file with its SWITCHYARD__SECTION__KEY environment
     /// overrides and checks every key and reference without connecting to
-    /// any broker. Prints the inbound queue, the dead-letter settings, the
-    /// brokers (passwords masked), the admin address, sessions, the HTTP
-    /// ingress and the filter table, one branch per line with its
-    /// priority, filter and endpoint list. An unknown key is named with the
-    /// nearest valid one.
+    /// any broker. Prints the inbound queue, the dead-letter settings (and
+    /// for a quorum inbound queue the delivery limit it needs, with the
+    /// policy that sets it), the brokers (passwords masked), the admin
+    /// address, sessions, the HTTP ingress and the filter table, one branch
+    /// per line with its priority, filter and endpoint list. An unknown key
+    /// is named with the nearest valid one.
     ///
     /// Exit codes: 0 valid, 2 invalid (one line on stderr names the file, the
     /// key and what is wrong).

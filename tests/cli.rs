@@ -488,6 +488,29 @@ fn check_shows_the_sessions_settings_and_their_overrides() {
     assert!(stdout(&out).contains(expected), "{}", stdout(&out));
 }
 
+/// For a quorum inbound queue `check` says the delivery limit switchyard
+/// creates it with (one above `max_redeliveries`) and the policy line for
+/// a queue created without it; a classic queue has no delivery limit.
+#[test]
+fn check_says_what_delivery_limit_a_quorum_inbound_queue_needs() {
+    let out = run(switchyard().args(["check", "--config", REPO_CONFIG]));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!stdout(&out).contains("delivery limit"), "{}", stdout(&out));
+
+    let out = run(switchyard()
+        .args(["check", "--config", REPO_CONFIG])
+        .env("SWITCHYARD__INBOUND__QUEUE_TYPE", "quorum")
+        .env("SWITCHYARD__INBOUND__MAX_REDELIVERIES", "4"));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let expected = "\ndelivery limit: 5 (x-delivery-limit on the quorum queue when switchyard \
+                    creates it; a queue created without it needs a policy, or a message whose \
+                    header the client cannot read blocks it: rabbitmqctl set_policy -p '/' \
+                    --apply-to queues 'switchyard-work.in' '^work\\.in$' \
+                    '{\"dead-letter-exchange\":\"work.dlx\",\"dead-letter-routing-key\":\"work.dlq\",\
+                    \"delivery-limit\":5}')\nbrokers: ";
+    assert!(stdout(&out).contains(expected), "{}", stdout(&out));
+}
+
 /// A filter's keys can come from the environment like any other, text
 /// turned into the boolean or number the filter's kind takes.
 #[test]
