@@ -60,7 +60,14 @@ fn quorum() -> (&'static str, AMQPValue) {
     ("x-queue-type", amqp_str("quorum"))
 }
 
-/// The arguments switchyard gives a quorum inbound queue in nack mode.
+/// The delivery limit switchyard gives a quorum inbound queue it creates:
+/// one above `inbound.max_redeliveries` (10 by default).
+fn delivery_limit() -> (&'static str, AMQPValue) {
+    ("x-delivery-limit", AMQPValue::LongLongInt(11))
+}
+
+/// The arguments switchyard gives a quorum inbound queue in nack mode,
+/// besides its delivery limit.
 fn quorum_nack_args(p: &str) -> Vec<(&'static str, AMQPValue)> {
     vec![
         quorum(),
@@ -191,8 +198,10 @@ async fn quorum_seed_scenario_forwards_and_dead_letters_by_nack() {
 
     // Every queue switchyard declared is a quorum queue; the inbound one
     // carries at-least-once dead-lettering (x-overflow is compared, so a
-    // declaration with another value is refused).
-    assert_quorum(&broker, &inbound, quorum_nack_args(&p)[1..].to_vec()).await;
+    // declaration with another value is refused) and a delivery limit.
+    let mut args = quorum_nack_args(&p)[1..].to_vec();
+    args.push(delivery_limit());
+    assert_quorum(&broker, &inbound, args).await;
     let mut drop_head = quorum_nack_args(&p);
     drop_head[4] = ("x-overflow", amqp_str("drop-head"));
     assert_eq!(try_declare(&broker, &inbound, drop_head).await, Err(406));
@@ -245,7 +254,9 @@ async fn quorum_seed_scenario_forwards_and_dead_letters_by_republish() {
     for queue in ["dlq", "service", "logging"] {
         assert_quorum(&broker, &format!("{p}.{queue}"), Vec::new()).await;
     }
-    assert_quorum(&broker, &inbound, quorum_nack_args(&p)[1..3].to_vec()).await;
+    let mut args = quorum_nack_args(&p)[1..3].to_vec();
+    args.push(delivery_limit());
+    assert_quorum(&broker, &inbound, args).await;
 
     publish_traffic(&broker, &p).await;
     assert_forwarded(&broker, &format!("{p}.service")).await;
@@ -402,7 +413,7 @@ async fn a_policy_can_set_the_dead_letter_exchange_of_a_quorum_inbound_queue() {
         .toml();
     let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
     // Declared without dead-letter arguments: the policy is in charge.
-    assert_quorum(&broker, &inbound, Vec::new()).await;
+    assert_quorum(&broker, &inbound, vec![delivery_limit()]).await;
     publish_traffic(&broker, &p).await;
     assert_forwarded(&broker, &format!("{p}.service")).await;
     assert_forwarded(&broker, &format!("{p}.logging")).await;
