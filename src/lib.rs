@@ -9,7 +9,7 @@
 //!
 //! # Layout
 //!
-//! Modules import one way: the leaves ([`amqp`], `uri`, `destination`,
+//! Modules import one way: the leaves ([`amqp`], `uri`, [`destination`],
 //! `wire`, `backoff`, [`errors`], `recent`, [`listen`], [`telemetry`])
 //! import no other module of the crate; then the envelope, the
 //! configuration and routing, the broker, the pipeline, and the commands.
@@ -18,7 +18,7 @@
 //!
 //! - [`amqp`]: the AMQP value types messages are made of.
 //! - `uri`: broker URIs checked, compared and shown without passwords.
-//! - `destination`: endpoints, queue types and dead-letter settings.
+//! - [`destination`]: endpoints, queue types and dead-letter settings.
 //! - `wire`: every `x-switchyard-*` header the forwarder reads or writes.
 //! - `backoff`, [`errors`] and `recent`: the one backoff; an error and its
 //!   causes on one line; keys producers name, bounded by age and count.
@@ -51,7 +51,7 @@ pub mod amqp;
 pub(crate) mod backoff;
 pub mod broker;
 pub mod config;
-pub(crate) mod destination;
+pub mod destination;
 pub mod dlq;
 pub mod envelope;
 pub mod errors;

@@ -132,9 +132,6 @@ const DESTINATIONS: [&str; 4] = ["service", "service.backup", "logging", "loggin
 /// Forwarder exits not caused by the test before it stops restarting it.
 const MAX_UNEXPECTED_EXITS: usize = 5;
 
-/// Taken by the big-header test, which runs alone when asked for by name.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 /// Where a run happens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Setup {

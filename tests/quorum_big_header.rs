@@ -31,7 +31,7 @@
 //! test until the queue gave it up) with reason `x-death:delivery_limit`
 //! and what that means.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -52,4 +52,4 @@ pub(crate) use registry::{Attempt, Health, Publish, Publishers};
 pub(crate) use topology::{
     TopologyError, declare_endpoint_queue, prepare_inbound, redeclare_inbound,
 };
-pub use unreadable::SingleFile;
+pub(crate) use unreadable::SingleFile;

@@ -13,7 +13,7 @@ mod tls;
 mod unknown;
 
 pub(crate) use compile::compile;
-pub(crate) use delivery_limit::delivery_limit_policy;
+pub use delivery_limit::delivery_limit_policy;
 pub use error::ConfigError;
 pub(crate) use error::InvalidKey;
 pub use load::{CONFIG_ENV, DEFAULT_CONFIG_PATH, config_path, load, load_str};

@@ -92,6 +92,9 @@ mod process;
 #[path = "../quorum.rs"]
 mod quorum;
 
+#[path = "../quorum_big_header.rs"]
+mod quorum_big_header;
+
 #[path = "../reload.rs"]
 mod reload;
 
