@@ -236,14 +236,25 @@ async fn dead_letter_at_the_limit(node: &PrivateNode, p: &str, toml: &str) -> In
         .with_message_id("m-limit".into())
         .with_delivery_mode(2);
     broker.publish("", &inbound, b"m-limit", props).await;
+    let dlq = format!("{p}.dlq");
     let mut returns = 0;
-    while returns < 20 {
+    let deadline = Instant::now() + SETTLE_WAIT;
+    // Until the queue gives it up: a basic.get can come before the broker
+    // has put the message back (the nack is not confirmed), so an empty
+    // answer is polled again, not taken for the end.
+    while returns < 20 && Instant::now() < deadline {
+        if broker.try_queue_len(&dlq).await == Some(1) {
+            break;
+        }
         let got = broker
             .channel()
             .basic_get(inbound.as_str().into(), BasicGetOptions { no_ack: false })
             .await
             .unwrap_or_else(|e| panic!("basic.get: {e}"));
-        let Some(message) = got else { break };
+        let Some(message) = got else {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        };
         let requeue = BasicNackOptions {
             multiple: false,
             requeue: true,
@@ -255,7 +266,6 @@ async fn dead_letter_at_the_limit(node: &PrivateNode, p: &str, toml: &str) -> In
             .unwrap_or_else(|e| panic!("basic.nack: {e}"));
         returns += 1;
     }
-    let dlq = format!("{p}.dlq");
     wait_until("the queue dead-letters it", SETTLE_WAIT, || async {
         broker.try_queue_len(&dlq).await == Some(1)
     })
