@@ -18,7 +18,7 @@
 
 use super::closing::{close_channel, close_connection};
 use super::connector::{ConnectError, connect_first};
-use super::error::{BrokerError, Fault, Level, code};
+use super::error::{BrokerError, Fault};
 use super::unreadable::oversized_frame;
 use crate::amqp::{FieldTable, Properties};
 use crate::config::BrokerSpec;
@@ -214,10 +214,7 @@ impl DlqReader {
             got = get => got?,
             error = failed => {
                 let error = BrokerError::from_lapin(&error);
-                let frame = (error.code == Some(code::FRAME_ERROR) && error.level == Level::Connection)
-                    .then(|| oversized_frame(&error.text))
-                    .flatten();
-                return Err(match frame {
+                return Err(match oversized_frame(&error) {
                     Some(frame) => ReadError::Unreadable {
                         position: self.taken + 1,
                         frame,

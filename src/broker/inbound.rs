@@ -14,7 +14,7 @@
 
 use super::closing::close_channel;
 use super::connector::{ConnectError, Connector};
-use super::error::{BrokerError, Level, code};
+use super::error::{BrokerError, code};
 use super::unreadable::{SingleFile, after_delivery, oversized_frame};
 use crate::amqp::FieldTable;
 use crate::config::Inbound;
@@ -347,10 +347,7 @@ impl InboundChannel {
     /// take messages one at a time.
     fn failed(&self, error: &lapin::Error) -> ConsumeError {
         let error = BrokerError::from_lapin(error);
-        let frame = (error.code == Some(code::FRAME_ERROR) && error.level == Level::Connection)
-            .then(|| oversized_frame(&error.text))
-            .flatten();
-        let Some(frame) = frame else {
+        let Some(frame) = oversized_frame(&error) else {
             return ConsumeError::Delivery(error);
         };
         let loss = self

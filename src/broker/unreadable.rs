@@ -25,6 +25,7 @@
 //! waits a backoff before each reopening, so that it does not reconnect
 //! many times a second for as long as the message stays.
 
+use super::error::{BrokerError, Level, code};
 use crate::backoff::Backoff;
 use crate::config::Inbound;
 use std::sync::{Arc, Mutex};
@@ -163,11 +164,16 @@ pub(super) fn after_delivery(remaining: u32, redelivered: bool) -> Option<u32> {
     (redelivered && left > 0).then_some(left)
 }
 
-/// The size of the frame a `FRAME_ERROR` raised by the client names, when
-/// it refused a frame larger than `frame_max` (its text: "frame too large:
-/// N bytes").
-pub(super) fn oversized_frame(text: &str) -> Option<usize> {
-    text.strip_prefix("frame too large: ")?
+/// The size of the frame `error` names when the client closed the
+/// connection on a frame larger than `frame_max` (`FRAME_ERROR`, "frame
+/// too large: N bytes"); `None` for any other error.
+pub(super) fn oversized_frame(error: &BrokerError) -> Option<usize> {
+    if error.code != Some(code::FRAME_ERROR) || error.level != Level::Connection {
+        return None;
+    }
+    error
+        .text
+        .strip_prefix("frame too large: ")?
         .strip_suffix(" bytes")?
         .parse()
         .ok()
@@ -176,6 +182,7 @@ pub(super) fn oversized_frame(text: &str) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::{Opening, SingleFile, after_delivery, oversized_frame};
+    use crate::broker::error::{BrokerError, Level};
     use crate::config::Inbound;
     use crate::destination::QueueType;
     use std::time::Duration;
@@ -267,14 +274,28 @@ mod tests {
 
     #[test]
     fn the_frame_size_is_read_from_the_clients_refusal() {
+        let error = |code: u16, level: Level, text: &str| BrokerError {
+            code: Some(code),
+            level,
+            text: text.to_owned(),
+        };
+        let too_large = "frame too large: 131074 bytes";
         assert_eq!(
-            oversized_frame("frame too large: 131074 bytes"),
+            oversized_frame(&error(501, Level::Connection, too_large)),
             Some(131_074)
         );
-        assert_eq!(
-            oversized_frame("heartbeat frame received on channel 1"),
-            None
-        );
-        assert_eq!(oversized_frame("frame too large: many bytes"), None);
+        let others = [
+            error(
+                501,
+                Level::Connection,
+                "heartbeat frame received on channel 1",
+            ),
+            error(501, Level::Connection, "frame too large: many bytes"),
+            error(320, Level::Connection, too_large),
+            error(501, Level::Channel, too_large),
+        ];
+        for other in others {
+            assert_eq!(oversized_frame(&other), None, "{other:?}");
+        }
     }
 }

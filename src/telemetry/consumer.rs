@@ -125,9 +125,9 @@ impl Telemetry {
         tracing::warn!(
             queue,
             fix,
-            "inbound queue has no x-delivery-limit: unless a policy sets delivery-limit (switchyard \
-             cannot see policies), a message whose header the client cannot read comes back for \
-             ever and holds up the queue; set one"
+            "inbound queue has no x-delivery-limit: unless a policy sets delivery-limit \
+             (switchyard cannot see policies), a message whose header the client cannot read \
+             comes back for ever and holds up the queue; set one"
         );
     }
 
