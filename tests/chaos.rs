@@ -20,7 +20,7 @@
 //! scenario on a private three-node cluster, every queue (inbound,
 //! destinations, dead letters) a quorum queue replicated on the three
 //! nodes and the forwarder's broker given as `uris = [n0, n1, n2]`, with
-//! the kills, closes, refusals and deep poison messages above and node
+//! the kills, closes, refusals and poison messages above and node
 //! faults (`node`): a node's app stopped for a few seconds, then started
 //! and waited for until it is back in the cluster with every quorum
 //! member online. The first node fault stops the node the forwarder's
@@ -34,11 +34,14 @@
 //!   same fault with more setup;
 //! - the broker-wide restart: every node stopped at once loses the quorum
 //!   queues' majority, a cluster outage of its own rather than a fault the
-//!   forwarder handles otherwise than one node's restart;
-//! - the big poison: a quorum queue adds `x-delivery-count` to a message
-//!   it delivers again, which takes that content header past `frame_max`;
-//!   only the queue's delivery limit removes it (`quorum_big_header.rs`
-//!   shows it on its own).
+//!   forwarder handles otherwise than one node's restart.
+//!
+//! On the cluster the big poison, once delivered again, cannot be read at
+//! all: the quorum queue adds `x-delivery-count`, which takes its content
+//! header past `frame_max`, and only the queue's delivery limit (the one
+//! switchyard creates it with) dead-letters it, while the forwarder takes
+//! one message at a time so that the messages behind it do not come back
+//! with it (`quorum_big_header.rs` shows it on its own).
 //!
 //! How the faults are made:
 //! - The publisher is the test's own connection; only confirmed publishes
@@ -150,17 +153,9 @@ impl Setup {
         }
     }
 
-    /// The poison messages a run publishes. A cluster's quorum queue adds
-    /// `x-delivery-count` to a message it delivers again, which takes the
-    /// big poison's content header past `frame_max`: the forwarder's client
-    /// refuses the frame and only the queue's delivery limit removes it
-    /// (`quorum_big_header.rs`), so the cluster run publishes the deep
-    /// ones only.
+    /// The poison messages a run publishes: on both, two deep and two big.
     fn poison_kinds(self) -> &'static [Poison] {
-        match self {
-            Setup::Node => &[Poison::Deep, Poison::Big, Poison::Deep, Poison::Big],
-            Setup::Cluster => &[Poison::Deep, Poison::Deep],
-        }
+        &[Poison::Deep, Poison::Big, Poison::Deep, Poison::Big]
     }
 
     fn pace(self) -> Pace {
@@ -1704,9 +1699,10 @@ impl Accounting {
         if !left.is_empty() {
             return format!("still in the inbound queue ({} copies)", left.len());
         }
-        if dead.iter().any(|m| intact(m)) {
+        if let Some(m) = dead.iter().find(|m| intact(m)) {
             return format!(
-                "ok, dead-lettered ({} in dlq, {} service and {} logging copies)",
+                "ok, dead-lettered{} ({} in dlq, {} service and {} logging copies)",
+                death_reason(m).map_or_else(String::new, |r| format!(" {r}")),
                 dead.len(),
                 service.len(),
                 logging.len()
@@ -1727,4 +1723,17 @@ impl Accounting {
             (false, true) => "LOST from logging (service has it)".into(),
         }
     }
+}
+
+/// The reason of a dead letter's `x-death` (`rejected` when the forwarder
+/// nacked it, `delivery_limit` when the quorum queue gave it up), if it
+/// has one of those.
+fn death_reason(message: &RawMessage) -> Option<&'static str> {
+    let death = message.header_value("x-death")?;
+    ["delivery_limit", "rejected"].into_iter().find(|reason| {
+        let mut text = vec![b'S'];
+        text.extend(u32::try_from(reason.len()).unwrap_or(0).to_be_bytes());
+        text.extend(reason.as_bytes());
+        death.windows(text.len()).any(|w| w == text)
+    })
 }
