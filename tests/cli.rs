@@ -507,7 +507,8 @@ fn check_says_what_delivery_limit_a_quorum_inbound_queue_needs() {
                     header the client cannot read blocks it: rabbitmqctl set_policy -p '/' \
                     --apply-to queues 'switchyard-work.in' '^work\\.in$' \
                     '{\"dead-letter-exchange\":\"work.dlx\",\"dead-letter-routing-key\":\"work.dlq\",\
-                    \"delivery-limit\":5}')\nbrokers: ";
+                    \"dead-letter-strategy\":\"at-least-once\",\"delivery-limit\":5,\
+                    \"overflow\":\"reject-publish\"}')\nbrokers: ";
     assert!(stdout(&out).contains(expected), "{}", stdout(&out));
 }
 

@@ -31,7 +31,9 @@ impl Inbound {
 
 /// The `rabbitmqctl set_policy` line that gives the inbound queue the
 /// delivery limit, together with the dead-letter exchange and routing key
-/// a message at the limit goes through (a queue follows one policy, and
+/// a message at the limit goes through, dead-lettered at least once (a
+/// quorum queue's default is at most once, which can drop it; at least
+/// once needs `overflow = reject-publish`) (a queue follows one policy, and
 /// without a dead-letter exchange the broker drops the message at the
 /// limit; the queue's own dead-letter arguments, if any, take precedence
 /// over the policy's). `None` for a classic queue.
@@ -54,6 +56,10 @@ pub fn delivery_limit_policy(
             dead_letter.routing_key.as_str().into(),
         );
     }
+    // As switchyard declares its own quorum queues: without these the
+    // broker dead-letters at most once, and can drop a message at the limit.
+    definition.insert("dead-letter-strategy".into(), "at-least-once".into());
+    definition.insert("overflow".into(), "reject-publish".into());
     let definition = serde_json::Value::Object(definition).to_string();
     Some(format!(
         "rabbitmqctl set_policy -p {} --apply-to queues {} {} {}",
@@ -120,7 +126,7 @@ mod tests {
         assert_eq!(
             line.as_deref(),
             Some(
-                r#"rabbitmqctl set_policy -p '/' --apply-to queues 'switchyard-work.in' '^work\.in$' '{"dead-letter-exchange":"work.dlx","dead-letter-routing-key":"work.dlq","delivery-limit":11}'"#
+                r#"rabbitmqctl set_policy -p '/' --apply-to queues 'switchyard-work.in' '^work\.in$' '{"dead-letter-exchange":"work.dlx","dead-letter-routing-key":"work.dlq","dead-letter-strategy":"at-least-once","delivery-limit":11,"overflow":"reject-publish"}'"#
             )
         );
         let odd = BrokerSpec::new("main", "amqp://u:secret@h/prod");
@@ -155,7 +161,7 @@ mod tests {
         )
         .unwrap_or_default();
         assert!(
-            line.ends_with(r#"'{"dead-letter-exchange":"x","delivery-limit":11}'"#),
+            line.ends_with(r#"'{"dead-letter-exchange":"x","dead-letter-strategy":"at-least-once","delivery-limit":11,"overflow":"reject-publish"}'"#),
             "{line}"
         );
     }
