@@ -189,16 +189,9 @@ mod tests {
 
     fn inbound(queue: &str, queue_type: QueueType) -> Inbound {
         Inbound {
-            broker: "main".into(),
-            queue: queue.into(),
             prefetch: 500,
-            declare: true,
-            single_active_consumer: false,
-            queue_type,
             max_redeliveries: 3,
-            max_hops: 8,
-            dead_letter_by_policy: false,
-            trusted_users: Vec::new(),
+            ..Inbound::sample(queue, queue_type)
         }
     }
 

@@ -82,18 +82,7 @@ mod tests {
     use crate::destination::{DeadLetter, DeadLetterMode, QueueType};
 
     fn inbound(queue: &str, queue_type: QueueType) -> Inbound {
-        Inbound {
-            broker: "main".into(),
-            queue: queue.into(),
-            prefetch: 100,
-            declare: true,
-            single_active_consumer: false,
-            queue_type,
-            max_redeliveries: 10,
-            max_hops: 8,
-            dead_letter_by_policy: false,
-            trusted_users: Vec::new(),
-        }
+        Inbound::sample(queue, queue_type)
     }
 
     fn dead_letter(exchange: &str, routing_key: &str) -> DeadLetter {

@@ -229,6 +229,25 @@ pub struct Inbound {
     pub trusted_users: Vec<String>,
 }
 
+#[cfg(test)]
+impl Inbound {
+    /// An inbound queue with the defaults, for unit tests.
+    pub(crate) fn sample(queue: &str, queue_type: QueueType) -> Self {
+        Self {
+            broker: "main".into(),
+            queue: queue.into(),
+            prefetch: 100,
+            declare: true,
+            single_active_consumer: false,
+            queue_type,
+            max_redeliveries: 10,
+            max_hops: 8,
+            dead_letter_by_policy: false,
+            trusted_users: Vec::new(),
+        }
+    }
+}
+
 /// A broker connection target: one node (`uri`) or a cluster's nodes in
 /// order of preference (`uris`), which share vhost and user. Equal when the
 /// name, the URIs and the TLS material are.

@@ -446,6 +446,12 @@ endpoint = "l1"
         ))
     }
 
+    /// A message whose only header is `x-death` holding `death`.
+    fn dead_by(death: FieldTable) -> Envelope {
+        let deaths = FieldArray::from(vec![AmqpValue::FieldTable(death)]);
+        message(vec![("x-death", AmqpValue::FieldArray(deaths))], b"")
+    }
+
     fn message(headers: Vec<(&str, AmqpValue)>, body: &[u8]) -> Envelope {
         let mut table = FieldTable::default();
         for (k, v) in headers {
@@ -550,13 +556,7 @@ endpoint = "l1"
         death.insert("time".into(), AmqpValue::Timestamp(1_700_000_000));
         death.insert("exchange".into(), text(""));
         death.insert("routing-keys".into(), array(&["in"]));
-        let m = message(
-            vec![(
-                "x-death",
-                AmqpValue::FieldArray(FieldArray::from(vec![AmqpValue::FieldTable(death)])),
-            )],
-            b"",
-        );
+        let m = dead_by(death);
         let r = Record::read(&m, &routing(), &trust());
         assert!(!r.annotated);
         assert_eq!(r.reason.as_deref(), Some("x-death:rejected"));
@@ -583,13 +583,7 @@ endpoint = "l1"
         death.insert("count".into(), AmqpValue::LongLongInt(1));
         death.insert("reason".into(), text("delivery_limit"));
         death.insert("queue".into(), text("in"));
-        let m = message(
-            vec![(
-                "x-death",
-                AmqpValue::FieldArray(FieldArray::from(vec![AmqpValue::FieldTable(death)])),
-            )],
-            b"",
-        );
+        let m = dead_by(death);
         let r = Record::read(&m, &routing(), &trust());
         assert_eq!(r.reason.as_deref(), Some("x-death:delivery_limit"));
         assert_eq!(r.note(), Some(DELIVERY_LIMIT_NOTE));

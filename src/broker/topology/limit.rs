@@ -98,16 +98,8 @@ mod tests {
 
     fn inbound(queue_type: QueueType, by_policy: bool) -> Inbound {
         Inbound {
-            broker: "main".into(),
-            queue: "q".into(),
-            prefetch: 100,
-            declare: true,
-            single_active_consumer: false,
-            queue_type,
-            max_redeliveries: 10,
-            max_hops: 8,
             dead_letter_by_policy: by_policy,
-            trusted_users: Vec::new(),
+            ..Inbound::sample("q", queue_type)
         }
     }
 
