@@ -39,6 +39,8 @@
 //! - `admin`: the HTTP endpoint: `/healthz`, `/readyz`, `/metrics`.
 //! - [`dlq`]: `dlq inspect` and `dlq redrive`, the dead-letter queue read
 //!   in place.
+//! - [`journal`]: one record per settled message in a RabbitMQ stream;
+//!   [`traces`]: the same message's spans, exported over OTLP.
 //! - [`reload`]: new configurations on SIGHUP and on a change of the file.
 //!
 //! The binary is thin: it parses the command line, loads the configuration
@@ -56,12 +58,14 @@ pub mod dlq;
 pub mod envelope;
 pub mod errors;
 pub mod ingress;
+pub mod journal;
 pub mod listen;
 pub(crate) mod pipeline;
 mod recent;
 pub mod reload;
 pub mod routing;
 pub mod telemetry;
+pub mod traces;
 pub(crate) mod uri;
 pub(crate) mod wire;
 

@@ -30,6 +30,7 @@ mod error;
 pub mod frame_size;
 mod health;
 mod inbound;
+mod journal_channel;
 mod publisher;
 mod registry;
 mod tls;
@@ -47,9 +48,11 @@ pub(crate) use health::EndpointHealth;
 pub(crate) use inbound::{ConsumeError, InboundChannel, Receipt, open_inbound};
 #[cfg(test)]
 pub(crate) use inbound::{Settled, SettledLog};
+pub(crate) use journal_channel::{BATCH_CONTENT_TYPE, BATCH_RECORDS, JournalChannel};
 pub(crate) use publisher::{Mode, PublishFailure, Publisher, Refusal};
 pub(crate) use registry::{Attempt, Health, Publish, Publishers};
 pub(crate) use topology::{
-    TopologyError, declare_endpoint_queue, prepare_inbound, redeclare_inbound,
+    TopologyError, declare_endpoint_queue, declare_journal_stream, prepare_inbound,
+    redeclare_inbound,
 };
 pub(crate) use unreadable::SingleFile;

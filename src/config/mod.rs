@@ -7,6 +7,7 @@ mod compile;
 mod delivery_limit;
 mod error;
 mod ingress;
+mod journal;
 mod load;
 pub(crate) mod raw;
 mod tls;
@@ -16,6 +17,7 @@ pub(crate) use compile::compile;
 pub use delivery_limit::delivery_limit_policy;
 pub use error::ConfigError;
 pub(crate) use error::InvalidKey;
+pub use journal::{Journal, OnUnavailable, Otlp};
 pub use load::{CONFIG_ENV, DEFAULT_CONFIG_PATH, config_path, load, load_str};
 pub(crate) use tls::{IdentityError, read_ca_file, read_client_identity};
 
@@ -57,6 +59,10 @@ pub struct Settings {
     pub sessions: Option<Sessions>,
     /// The HTTP ingress; `None` when `[ingress.http]` is absent.
     pub http: Option<HttpIngress>,
+    /// The journal stream; `None` when `journal.enabled` is off.
+    pub journal: Option<Journal>,
+    /// Span export; `None` without `[telemetry.otlp] endpoint`.
+    pub otlp: Option<Otlp>,
     /// Proof that `compile` made it.
     pub compiled: Compiled,
 }

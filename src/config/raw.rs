@@ -50,6 +50,12 @@ pub struct RawConfig {
     /// Sources of messages besides the inbound queue.
     #[serde(default)]
     pub ingress: RawIngress,
+    /// The record of every settled message, on a RabbitMQ stream.
+    #[serde(default)]
+    pub journal: RawJournal,
+    /// Where spans are exported.
+    #[serde(default)]
+    pub telemetry: RawTelemetry,
 }
 
 fn default_instance_name() -> String {
@@ -658,4 +664,98 @@ fn list_or_commas<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>,
         Form::List(items) => items,
         Form::Text(text) => text.split(',').map(|t| t.trim().to_owned()).collect(),
     })
+}
+
+/// `[journal]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawJournal {
+    /// Whether every settled message leaves a record.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// A key of `[brokers]`; default: the inbound broker, else the first.
+    pub broker: Option<String>,
+    /// The stream's name.
+    #[serde(default = "default_journal_stream")]
+    pub stream: String,
+    /// `x-max-age` on declare.
+    #[serde(default = "default_journal_max_age")]
+    pub max_age: String,
+    /// `x-max-length-bytes` on declare.
+    #[serde(default = "default_journal_max_bytes")]
+    pub max_bytes: u64,
+    /// `drop` or `hold`.
+    #[serde(default = "default_on_unavailable")]
+    pub on_unavailable: String,
+    /// Records waiting for the writer, at most.
+    #[serde(default = "default_journal_buffer")]
+    pub buffer: u32,
+}
+
+impl Default for RawJournal {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            broker: None,
+            stream: default_journal_stream(),
+            max_age: default_journal_max_age(),
+            max_bytes: default_journal_max_bytes(),
+            on_unavailable: default_on_unavailable(),
+            buffer: default_journal_buffer(),
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn default_journal_stream() -> String {
+    "switchyard.journal".to_owned()
+}
+
+fn default_journal_max_age() -> String {
+    "7D".to_owned()
+}
+
+fn default_journal_max_bytes() -> u64 {
+    1 << 30
+}
+
+fn default_on_unavailable() -> String {
+    "drop".to_owned()
+}
+
+fn default_journal_buffer() -> u32 {
+    10_000
+}
+
+/// `[telemetry]`
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTelemetry {
+    /// `[telemetry.otlp]`
+    pub otlp: Option<RawOtlp>,
+}
+
+/// `[telemetry.otlp]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawOtlp {
+    /// The collector's OTLP/HTTP base URL; absent: nothing exported.
+    pub endpoint: Option<String>,
+    /// `service.name` of the spans.
+    #[serde(default = "default_service_name")]
+    pub service_name: String,
+    /// The share of new traces sampled.
+    #[serde(default = "default_sample_ratio")]
+    pub sample_ratio: f64,
+}
+
+fn default_service_name() -> String {
+    "switchyard".to_owned()
+}
+
+fn default_sample_ratio() -> f64 {
+    1.0
 }

@@ -149,6 +149,17 @@ pub(super) struct Metrics {
     /// By [`Kind`] index: when that kind was last logged, in milliseconds
     /// since `started` (0: never).
     pub(super) untrusted_logged_ms: Vec<AtomicU64>,
+    pub(super) journal_records: Counter,
+    pub(super) journal_dropped: Counter,
+    pub(super) journal_writable: Gauge,
+    /// When a drop was last logged, in milliseconds since `started`.
+    pub(super) journal_dropped_logged_ms: AtomicU64,
+    /// Drops since that line.
+    pub(super) journal_dropped_since: AtomicU64,
+    pub(super) trace_context_malformed: Counter,
+    pub(super) spans_exported: Counter,
+    pub(super) spans_dropped: Counter,
+    pub(super) spans_dropped_logged_ms: AtomicU64,
     pub(super) started: Instant,
 }
 
@@ -177,6 +188,15 @@ impl Metrics {
             connections_shed: Family::default(),
             untrusted_headers: Vec::new(),
             untrusted_logged_ms: Kind::all().map(|_| AtomicU64::new(0)).collect(),
+            journal_records: Counter::default(),
+            journal_dropped: Counter::default(),
+            journal_writable: Gauge::default(),
+            journal_dropped_logged_ms: AtomicU64::new(0),
+            journal_dropped_since: AtomicU64::new(0),
+            trace_context_malformed: Counter::default(),
+            spans_exported: Counter::default(),
+            spans_dropped: Counter::default(),
+            spans_dropped_logged_ms: AtomicU64::new(0),
             started: Instant::now(),
         };
         let untrusted: Family<HeaderLabels, Counter> = Family::default();
@@ -272,6 +292,36 @@ impl Metrics {
             "switchyard_connections_shed",
             "Connections a listener (admin or ingress) closed to make room for a new one: the one waiting longest without sending a byte when its lobby was full, or one between requests when its slots were",
             metrics.connections_shed.clone(),
+        );
+        r.register(
+            "switchyard_journal_records",
+            "Records written to the journal stream and confirmed",
+            metrics.journal_records.clone(),
+        );
+        r.register(
+            "switchyard_journal_dropped",
+            "Records the journal could not write (its buffer full while the stream could not be written, or left at shutdown)",
+            metrics.journal_dropped.clone(),
+        );
+        r.register(
+            "switchyard_journal_writable",
+            "1 while the journal's last write was confirmed, 0 while it cannot write (0 with the journal off)",
+            metrics.journal_writable.clone(),
+        );
+        r.register(
+            "switchyard_trace_context_malformed",
+            "Messages or requests whose traceparent was malformed: a new trace was started",
+            metrics.trace_context_malformed.clone(),
+        );
+        r.register(
+            "switchyard_spans_exported",
+            "Spans the OTLP collector accepted",
+            metrics.spans_exported.clone(),
+        );
+        r.register(
+            "switchyard_spans_dropped",
+            "Spans not exported: the export queue was full or the collector refused or could not be reached",
+            metrics.spans_dropped.clone(),
         );
         metrics
     }

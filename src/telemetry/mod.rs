@@ -27,6 +27,7 @@ mod consumer;
 mod delivery;
 mod endpoints;
 mod http;
+mod journal;
 mod lifecycle;
 mod metrics;
 mod sessions;

@@ -6,8 +6,10 @@
 //! message's annotations are read (docs/configuration.md lists them with
 //! their meaning, docs/guarantees.md who may write them).
 
+pub mod traceparent;
 pub mod trust;
 
+pub use traceparent::{TRACEPARENT, TRACESTATE, Trace};
 pub use trust::{Annotations, Ignored, Kind, Reading, Trust};
 
 use crate::amqp::{AmqpValue, FieldTable, ShortString};

@@ -72,6 +72,8 @@ pub struct Annotations {
     /// The kinds of `x-switchyard-*` header it carried that were ignored
     /// because it is not trusted.
     pub ignored: Ignored,
+    /// The trace it continues (its `traceparent`), or a new one.
+    pub trace: super::Trace,
 }
 
 impl Annotations {
@@ -83,6 +85,7 @@ impl Annotations {
             .then(|| header(DELIVERY_COUNT).and_then(number))
             .flatten();
         let trusted = reading.trust.trusts(properties);
+        let trace = super::Trace::from_headers(headers);
         if !trusted {
             let mut ignored = Ignored::default();
             for name in headers.iter().flat_map(|h| h.inner().keys()) {
@@ -91,9 +94,13 @@ impl Annotations {
                 }
             }
             return Self {
+                trusted,
+                hops: 0,
+                only: None,
+                redriven: false,
                 delivery_count,
                 ignored,
-                ..Self::default()
+                trace,
             };
         }
         Self {
@@ -103,6 +110,7 @@ impl Annotations {
             redriven: header(REDRIVEN).is_some(),
             delivery_count,
             ignored: Ignored::default(),
+            trace,
         }
     }
 }

@@ -70,6 +70,8 @@ pub enum Role {
     Consume,
     /// Publishing to endpoints and dead letters.
     Publish,
+    /// Writing the journal.
+    Journal,
 }
 
 impl Role {
@@ -78,6 +80,7 @@ impl Role {
         match self {
             Self::Consume => "consume",
             Self::Publish => "publish",
+            Self::Journal => "journal",
         }
     }
 }

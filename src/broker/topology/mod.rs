@@ -103,6 +103,37 @@ pub async fn redeclare_inbound(
     Ok(())
 }
 
+/// Declares the journal's stream (`x-queue-type = stream`, with the
+/// configured `x-max-age` and `x-max-length-bytes` when it is new; an
+/// existing stream keeps its own). A queue of another type by that name
+/// is a mismatch naming `journal.stream`.
+pub async fn declare_journal_stream(
+    connector: &Connector,
+    journal: &crate::config::Journal,
+) -> Result<(), TopologyError> {
+    let mut spec = QueueSpec::new(
+        "journal.stream",
+        &journal.stream,
+        &journal.broker.name,
+        true,
+    );
+    spec.require(
+        "x-queue-type",
+        Some(AmqpValue::LongString("stream".into())),
+        Setting::Stream,
+    );
+    spec.prefer(
+        "x-max-age",
+        AmqpValue::LongString(journal.max_age.as_str().into()),
+    );
+    spec.prefer(
+        "x-max-length-bytes",
+        AmqpValue::LongLongInt(i64::try_from(journal.max_bytes).unwrap_or(i64::MAX)),
+    );
+    ensure_queue(connector, &spec).await?;
+    Ok(())
+}
+
 /// Declares an endpoint's `declare_queue`, if it has one, with its type.
 pub async fn declare_endpoint_queue(
     connector: &Connector,

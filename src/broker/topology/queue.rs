@@ -20,10 +20,14 @@ const AT_LEAST_ONCE: [&str; 2] = ["x-dead-letter-strategy", "x-overflow"];
 /// to change when a queue disagrees.
 #[derive(Debug, Clone)]
 pub(super) enum Setting {
-    QueueType { type_key: String },
+    QueueType {
+        type_key: String,
+    },
     DeadLetterExchange,
     DeadLetterRoutingKey,
     SingleActiveConsumer,
+    /// The journal's stream.
+    Stream,
 }
 
 #[derive(Debug, Clone)]
@@ -333,6 +337,9 @@ fn advice(required: &Required, current: Option<&str>) -> String {
         (Setting::DeadLetterRoutingKey, None) => "its dead letters keep their own routing key \
              and miss dead_letter.routing_key: set dead_letter.mode = \"republish\""
             .to_owned(),
+        (Setting::Stream, _) => {
+            "the journal needs a stream: set journal.stream to another name".to_owned()
+        }
         (Setting::SingleActiveConsumer, _) => {
             "set inbound.single_active_consumer = false".to_owned()
         }

@@ -66,6 +66,10 @@ pub fn compile(raw: &RawConfig) -> Result<Settings> {
         None => None,
     };
 
+    let inbound_broker = queue.as_ref().map(|(inbound, _)| inbound.broker.as_str());
+    let journal = super::journal::compile_journal(&raw.journal, &brokers, inbound_broker)?;
+    let otlp = super::journal::compile_otlp(raw.telemetry.otlp.as_ref())?;
+
     Ok(Settings {
         name: raw.name.clone(),
         shutdown_timeout: Duration::from_millis(raw.shutdown_timeout_ms),
@@ -77,6 +81,8 @@ pub fn compile(raw: &RawConfig) -> Result<Settings> {
         admin_listen,
         sessions,
         http,
+        journal,
+        otlp,
         compiled: Compiled::new(),
     })
 }

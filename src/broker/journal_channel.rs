@@ -1,0 +1,129 @@
+//! The journal's channel: a confirm channel of its own on the journal's
+//! connection, which declares the stream once per channel and publishes
+//! one batch of records at a time, mandatory, waiting for its confirm.
+
+use super::closing::close_channel;
+use super::connector::{ConnectError, Connector};
+use super::error::BrokerError;
+use super::topology::{TopologyError, declare_journal_stream};
+use crate::amqp::{AmqpValue, FieldTable, Properties};
+use crate::config::Journal;
+use lapin::options::BasicPublishOptions;
+use lapin::{Channel, Confirmation};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long a batch may wait for its confirm, and a channel to open.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The content type of a batch: one JSON record per line.
+pub const BATCH_CONTENT_TYPE: &str = "application/x-ndjson";
+/// On every batch: how many records it holds.
+pub const BATCH_RECORDS: &str = "x-switchyard-journal-records";
+
+/// Why a batch was not written.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalWriteError {
+    /// No channel to the journal's broker.
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    /// The stream could not be declared (another queue type by that name,
+    /// no stream support, a permission).
+    #[error(transparent)]
+    Declare(#[from] TopologyError),
+    /// The broker returned the batch: the stream is gone.
+    #[error("returned by the broker: {code} {text}")]
+    Returned {
+        /// AMQP reply code.
+        code: u16,
+        /// AMQP reply text.
+        text: String,
+    },
+    /// The broker nacked the batch.
+    #[error("nacked by the broker")]
+    Nacked,
+    /// The channel failed under the batch.
+    #[error("{0}")]
+    Broker(BrokerError),
+    /// No confirm within the write timeout.
+    #[error("no confirm within {} s", WRITE_TIMEOUT.as_secs())]
+    Timeout,
+}
+
+/// Publishes batches of records to the journal's stream.
+pub struct JournalChannel {
+    connector: Arc<Connector>,
+    settings: Journal,
+    channel: Option<Channel>,
+}
+
+impl JournalChannel {
+    /// A channel to be opened on `connector` when first written to.
+    pub fn new(connector: Arc<Connector>, settings: Journal) -> Self {
+        Self {
+            connector,
+            settings,
+            channel: None,
+        }
+    }
+
+    /// Writes one batch of `records` records and waits for its confirm.
+    pub async fn write(&mut self, body: &[u8], records: usize) -> Result<(), JournalWriteError> {
+        let channel = match &self.channel {
+            Some(channel) if channel.status().connected() => channel.clone(),
+            _ => {
+                declare_journal_stream(&self.connector, &self.settings).await?;
+                let channel = self.connector.channel(true, WRITE_TIMEOUT).await?;
+                self.channel = Some(channel.clone());
+                channel
+            }
+        };
+        let mut headers = FieldTable::default();
+        headers.insert(
+            BATCH_RECORDS.into(),
+            AmqpValue::LongLongInt(i64::try_from(records).unwrap_or(i64::MAX)),
+        );
+        let properties = Properties::default()
+            .with_content_type(BATCH_CONTENT_TYPE.into())
+            .with_delivery_mode(2)
+            .with_headers(headers);
+        let options = BasicPublishOptions {
+            mandatory: true,
+            immediate: false,
+        };
+        let stream = self.settings.stream.as_str();
+        let publish = async {
+            channel
+                .basic_publish("".into(), stream.into(), options, body, properties)
+                .await?
+                .await
+        };
+        let failed = match tokio::time::timeout(WRITE_TIMEOUT, publish).await {
+            Ok(Ok(Confirmation::Ack(None) | Confirmation::NotRequested)) => return Ok(()),
+            Ok(Ok(Confirmation::Ack(Some(r)) | Confirmation::Nack(Some(r)))) => {
+                JournalWriteError::Returned {
+                    code: r.reply_code,
+                    text: r.reply_text.to_string(),
+                }
+            }
+            Ok(Ok(Confirmation::Nack(None))) => JournalWriteError::Nacked,
+            Ok(Err(e)) => JournalWriteError::Broker(BrokerError::from_lapin(&e)),
+            Err(_) => JournalWriteError::Timeout,
+        };
+        // A fresh channel (and declaration) for the next try.
+        if let Some(channel) = self.channel.take() {
+            let telemetry = self.connector.telemetry();
+            close_channel(&channel, "journal write failed", telemetry).await;
+        }
+        Err(failed)
+    }
+
+    /// Closes the channel, if open.
+    pub async fn close(&mut self) {
+        if let Some(channel) = self.channel.take() {
+            let telemetry = self.connector.telemetry();
+            close_channel(&channel, "journal stopping", telemetry).await;
+        }
+        self.connector.close().await;
+    }
+}
