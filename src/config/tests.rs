@@ -949,7 +949,7 @@ const INBOUND_KEYS: &str = "broker, queue, prefetch, declare, single_active_cons
 
 const TOP_LEVEL_KEYS: &str = "name, shutdown_timeout_ms, worker_threads, inbound, dead_letter, \
                               brokers, endpoints, backup_lists, filters, filter_table, sessions, \
-                              admin, ingress";
+                              admin, ingress, journal, telemetry";
 
 #[test]
 fn an_unknown_key_is_named_by_its_path_with_the_nearest_valid_key() {

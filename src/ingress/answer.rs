@@ -63,7 +63,7 @@ impl Answer {
     /// A message that was not taken: nothing published.
     pub fn not_taken(message_id: &str, why: &NotTaken) -> Self {
         let status = match why {
-            NotTaken::Blocked | NotTaken::Starting | NotTaken::Stopping => {
+            NotTaken::Blocked | NotTaken::Starting | NotTaken::Stopping | NotTaken::Unrecorded => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             NotTaken::SessionsFull(_) => StatusCode::TOO_MANY_REQUESTS,

@@ -25,13 +25,16 @@ pub mod server;
 
 use crate::config::HttpIngress;
 use crate::envelope::Envelope;
+use crate::journal::{Said, Source};
 use crate::pipeline::intake::{Intake, NotTaken};
+use crate::pipeline::record;
 use crate::telemetry::Telemetry;
 use answer::Answer;
 use hyper::Request;
 use hyper::body::Incoming;
 use idempotency::{Begin, Records, Ticket};
 use std::sync::Arc;
+use std::time::SystemTime;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -178,6 +181,21 @@ impl Ingress {
         let lost = CancellationToken::new();
         // The caller gone or out of time: no new attempt starts.
         let _stop_on_drop = lost.clone().drop_guard();
+        if envelope.annotations.trace.malformed {
+            self.telemetry.trace_context_malformed(&id);
+        }
+        let journal = self.intake.journal();
+        // Made before the envelope goes; completed once it is answered.
+        let mut entry = journal.wanted().then(|| {
+            let received_at = SystemTime::now();
+            record::entry(
+                &envelope,
+                Source::Http,
+                received_at,
+                Said::Acked,
+                Vec::new(),
+            )
+        });
         let delivery = match self.intake.submit(envelope, &skip, lost.clone()) {
             Ok(delivery) => delivery,
             Err(why) => return Answer::not_taken(&id, &why),
@@ -185,8 +203,12 @@ impl Ingress {
         let (tell, told) = oneshot::channel();
         let message_id = id.clone();
         self.intake.spawn(async move {
+            let mut branches: Vec<_> = skip.iter().map(|b| record::earlier(b)).collect();
             let answer = match delivery.await {
-                Ok(outcome) => {
+                Ok(mut outcome) => {
+                    if entry.is_some() {
+                        branches.extend(record::branches(&mut outcome));
+                    }
                     let now: Vec<String> = outcome.delivered().map(|b| b.to_string()).collect();
                     let earlier_and_now = [skip, now.clone()].concat();
                     let answer = Answer::of(&message_id, outcome, &earlier_and_now);
@@ -198,6 +220,15 @@ impl Ingress {
                 Err(why) => Answer::not_taken(&message_id, &why),
             };
             drop(permit);
+            if let Some(mut entry) = entry.take() {
+                entry.said = Said::Answered {
+                    status: answer.status.as_u16(),
+                    reason: answer.reason.clone(),
+                };
+                entry.branches = branches;
+                entry.settled_at = SystemTime::now();
+                journal.settled(entry);
+            }
             let _ = tell.send(answer);
         });
         match tokio::time::timeout_at(deadline, told).await {

@@ -317,6 +317,12 @@ pub fn envelope(
     if let Some(correlation_id) = short(CORRELATION_ID)? {
         properties = properties.with_correlation_id(correlation_id);
     }
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let trace = wire::Trace::from_texts(
+        text(wire::TRACEPARENT),
+        text(wire::TRACESTATE),
+        headers.contains_key(wire::TRACEPARENT),
+    );
     Ok(Envelope {
         delivery_tag: 0,
         exchange: String::new(),
@@ -324,7 +330,10 @@ pub fn envelope(
         redelivered: false,
         properties,
         body,
-        annotations: wire::Annotations::default(),
+        annotations: wire::Annotations {
+            trace,
+            ..wire::Annotations::default()
+        },
     })
 }
 

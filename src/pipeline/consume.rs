@@ -26,6 +26,7 @@ use super::engine::spawn_held;
 use super::generation::Generation;
 use super::live::Live;
 use super::outcome::Verdict;
+use super::record;
 use super::sessions::{self, Sessions};
 use crate::backoff::Backoff;
 use crate::broker::{
@@ -33,13 +34,14 @@ use crate::broker::{
     redeclare_inbound,
 };
 use crate::envelope::Envelope;
+use crate::journal::Source;
 use crate::reload::Reload;
 use crate::telemetry::Telemetry;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -375,7 +377,11 @@ impl Consumer {
                 envelope.annotations.ignored,
             );
         }
+        if envelope.annotations.trace.malformed {
+            telemetry.trace_context_malformed(envelope.message_id());
+        }
         let envelope = Arc::new(envelope);
+        let received_at = SystemTime::now();
         let generation = consumer.live.current();
         let started = match admit(&generation, &envelope, consumer.sessions.membership()) {
             Admission::Session {
@@ -388,6 +394,7 @@ impl Consumer {
                     receipt,
                     permit,
                     refused: barred,
+                    received_at,
                 };
                 consumer.sessions.admit(id, arrival, &generation);
                 return;
@@ -397,16 +404,39 @@ impl Consumer {
         };
         let in_flight = telemetry.transaction_started();
         let transaction = async move {
-            let verdict = match started {
+            let (verdict, branches) = match started {
                 Ok(started) => {
-                    let outcome = started.finish(&generation.engine, receipt.lost()).await;
-                    outcome.verdict()
+                    let mut outcome = started.finish(&generation.engine, receipt.lost()).await;
+                    let branches = record::branches(&mut outcome);
+                    (outcome.verdict(), branches)
                 }
-                Err(verdict) => verdict,
+                Err(verdict) => (verdict, Vec::new()),
             };
+            let journal = generation.journal.clone();
+            let said = journal.wanted().then(|| record::said(&verdict));
             generation.settler.settle(&envelope, receipt, verdict).await;
+            if let Some(said) = said {
+                let source = source_of(&envelope);
+                journal.settled(record::entry(
+                    &envelope,
+                    source,
+                    received_at,
+                    said,
+                    branches,
+                ));
+            }
             drop(in_flight);
         };
         spawn_held(&consumer.tracker, &consumer.abandon, permit, transaction);
+    }
+}
+
+/// Where a consumed message came from: the queue, or `dlq redrive` (which
+/// marks what it puts back).
+pub(super) fn source_of(envelope: &Envelope) -> Source {
+    if envelope.annotations.redriven {
+        Source::Redrive
+    } else {
+        Source::Queue
     }
 }

@@ -16,6 +16,7 @@ use super::settle::Settler;
 use crate::broker::{Blocking, Connector, EndpointHealth, Publish, Publisher, Publishers, Role};
 use crate::config::Settings;
 use crate::destination::{DeadLetterMode, Endpoint};
+use crate::journal::Journal;
 use crate::telemetry::Telemetry;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -46,6 +47,8 @@ pub struct Generation {
     pub(super) screen: Arc<Screen>,
     /// The blocked state of every publishing connection.
     pub(super) blocking: Vec<watch::Receiver<Blocking>>,
+    /// Where settled messages are recorded (the forwarder's one journal).
+    pub(crate) journal: Journal,
 }
 
 /// What every generation of one forwarder shares.
@@ -59,6 +62,8 @@ pub(super) struct Common {
     /// Every connector's and publisher's background work (publisher
     /// actors, probes, event listeners, closes), awaited at shutdown.
     pub(super) background: TaskTracker,
+    /// Where every settled message is recorded, whichever generation.
+    pub(super) journal: Journal,
     pub(super) telemetry: Telemetry,
 }
 
@@ -71,6 +76,7 @@ impl Common {
             publishers_stop: CancellationToken::new(),
             outages: Outages::new(telemetry.clone()),
             background: TaskTracker::new(),
+            journal: Journal::default(),
             telemetry,
         }
     }
@@ -127,11 +133,13 @@ impl Generation {
             }),
             common.health_epoch.subscribe(),
         );
+        let sample_ratio = settings.otlp.as_ref().map_or(1.0, |o| o.sample_ratio);
         let engine = Engine::new(
             Arc::new(publishers.clone()),
             common.outages.clone(),
             telemetry.clone(),
-        );
+        )
+        .recording(common.journal.wanted(), sample_ratio);
         let dead_letters = parts.dead_letter_publisher(&publish_connectors);
         let settler = Settler::new(
             dead_letter_mode(&settings),
@@ -160,6 +168,7 @@ impl Generation {
             settler,
             screen,
             blocking,
+            journal: common.journal.clone(),
         }
     }
 

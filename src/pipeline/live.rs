@@ -47,9 +47,13 @@ impl Live {
         loop {
             // Checked first, so the usual case makes no receiver at all.
             let generation = self.current();
-            if generation.publishing() {
+            let journal = &self.common.journal;
+            if generation.publishing() && !journal.holding() {
                 return;
             }
+            // `on_unavailable = "hold"`: nothing new is taken while the
+            // journal cannot record it.
+            journal.until_taking().await;
             for blocking in &generation.blocking {
                 let _ = blocking.clone().wait_for(|b| !b.blocked).await;
             }

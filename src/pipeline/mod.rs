@@ -29,12 +29,13 @@
 //! on every branch.
 
 mod admit;
-mod consume;
+pub(crate) mod consume;
 pub mod engine;
 mod generation;
 pub mod intake;
 mod live;
 pub mod outcome;
+pub(crate) mod record;
 pub mod screen;
 pub mod sessions;
 pub mod settle;
@@ -44,8 +45,10 @@ mod testkit;
 use crate::backoff::Backoff;
 use crate::broker::{ConnectError, TopologyError, declare_endpoint_queue, prepare_inbound};
 use crate::config::Settings;
+use crate::journal::Journal;
 use crate::reload::Reload;
 use crate::telemetry::Telemetry;
+use crate::traces::Spans;
 use generation::{Common, Generation};
 use live::Live;
 use std::sync::Arc;
@@ -54,6 +57,10 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+
+/// How long the journal gets at shutdown to write what it holds; what is
+/// left after it is counted as dropped.
+const JOURNAL_BOUND: Duration = Duration::from_secs(5);
 
 /// How long the background work (publisher actors, probes, connection
 /// closes) gets to finish once every connection is closed; past it, what is
@@ -106,7 +113,9 @@ impl Forwarder {
     /// Builds connectors and publisher tasks, all emitting through
     /// `telemetry`; connects lazily.
     pub fn new(settings: Settings, telemetry: Telemetry) -> Self {
-        let common = Common::new(telemetry.clone());
+        let mut common = Common::new(telemetry.clone());
+        let spans = Spans::new(settings.otlp.as_ref(), &telemetry);
+        common.journal = Journal::new(settings.journal.as_ref(), &settings.name, spans, &telemetry);
         let tracker = TaskTracker::new();
         let abandon = CancellationToken::new();
         Self {
@@ -166,6 +175,7 @@ impl Forwarder {
 
     /// Runs until `shutdown` is cancelled, then drains and closes.
     pub async fn run(mut self, shutdown: CancellationToken) -> Result<(), RunError> {
+        self.live.common.journal.start(&self.live.common.background);
         let first = self.live.current();
         self.prepare(&first, &shutdown).await?;
         if !shutdown.is_cancelled() {
@@ -199,6 +209,8 @@ impl Forwarder {
             inbound.close().await;
         }
         let common = &self.live.common;
+        // Every transaction has settled: what they recorded is written now.
+        common.journal.close(JOURNAL_BOUND).await;
         common.publishers_stop.cancel();
         let last = self.live.current();
         // Concurrently: a stalled broker must not add its close timeout to every other's.

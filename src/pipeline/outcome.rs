@@ -3,6 +3,7 @@
 //! [`Verdict`] into an ack or a dead letter.
 
 use crate::broker::{PublishFailure, Refusal};
+use crate::journal::Tried;
 use crate::routing::Unparsable;
 use std::fmt;
 use std::sync::Arc;
@@ -61,6 +62,9 @@ pub enum BranchOutcome {
 pub struct Outcome {
     /// In filter-table order.
     pub branches: Vec<BranchOutcome>,
+    /// Each branch's steps, in the same order (empty when nothing records
+    /// them).
+    pub trails: Vec<Vec<Tried>>,
 }
 
 /// Why a message is dead-lettered; its text goes in `x-switchyard-reason`.
@@ -472,6 +476,7 @@ mod tests {
     #[test]
     fn every_branch_delivered_commits() {
         let outcome = Outcome {
+            trails: Vec::new(),
             branches: vec![delivered("service"), delivered("logging")],
         };
         assert_eq!(outcome.verdict(), Verdict::Commit);
@@ -489,6 +494,7 @@ mod tests {
     #[test]
     fn one_failed_branch_dead_letters_with_complete_lists() {
         let outcome = Outcome {
+            trails: Vec::new(),
             branches: vec![delivered("service"), failed("logging")],
         };
         let verdict = outcome.verdict();
@@ -521,6 +527,7 @@ mod tests {
             error: PublishFailure::Stopped,
         };
         let outcome = Outcome {
+            trails: Vec::new(),
             branches: vec![
                 failed("logging"),
                 delivered("service"),
@@ -543,6 +550,7 @@ mod tests {
     #[test]
     fn a_branch_that_does_not_hold_a_message_is_failed_without_an_endpoint() {
         let Verdict::DeadLetter { cause, .. } = Outcome {
+            trails: Vec::new(),
             branches: vec![delivered("service"), failed("logging")],
         }
         .verdict() else {
@@ -586,6 +594,7 @@ mod tests {
     #[test]
     fn a_refused_message_is_rejected_and_a_lost_channel_abandons() {
         let rejected = Outcome {
+            trails: Vec::new(),
             branches: vec![
                 delivered("logging"),
                 BranchOutcome::Rejected {
@@ -608,6 +617,7 @@ mod tests {
             (vec!["service"], vec![Some("primary")], vec!["logging"])
         );
         let abandoned = Outcome {
+            trails: Vec::new(),
             branches: vec![
                 failed("logging"),
                 BranchOutcome::Abandoned {

@@ -420,6 +420,7 @@ mod tests {
             error: PublishFailure::Nacked,
         };
         let outcome = Outcome {
+            trails: Vec::new(),
             branches: vec![
                 failed("logging", Some("logging-backup")),
                 BranchOutcome::Delivered {

@@ -239,6 +239,7 @@ pub fn envelope(message_id: &str, headers: &[(&str, AmqpValue)]) -> Arc<Envelope
     for (name, value) in headers {
         table.insert((*name).into(), value.clone());
     }
+    let trace = crate::wire::Trace::from_headers(Some(&table));
     Arc::new(Envelope {
         delivery_tag: 1,
         exchange: String::new(),
@@ -248,6 +249,9 @@ pub fn envelope(message_id: &str, headers: &[(&str, AmqpValue)]) -> Arc<Envelope
             .with_message_id(message_id.into())
             .with_headers(table),
         body: message_id.as_bytes().to_vec(),
-        annotations: Default::default(),
+        annotations: crate::wire::Annotations {
+            trace,
+            ..Default::default()
+        },
     })
 }

@@ -9,7 +9,7 @@
 pub mod traceparent;
 pub mod trust;
 
-pub use traceparent::{TRACEPARENT, TRACESTATE, Trace};
+pub use traceparent::{TRACEPARENT, TRACESTATE, Trace, nonzero_u64};
 pub use trust::{Annotations, Ignored, Kind, Reading, Trust};
 
 use crate::amqp::{AmqpValue, FieldTable, ShortString};

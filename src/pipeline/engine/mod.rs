@@ -28,8 +28,11 @@ pub use walk::{BranchRun, Walk};
 use super::outcome::{BranchOutcome, Outcome};
 use crate::broker::{Attempt, Publish};
 use crate::envelope::Envelope;
+use crate::journal::Tried;
 use crate::routing::BranchPlan;
 use crate::telemetry::Telemetry;
+use crate::wire::Trace;
+use crate::wire::traceparent::sampled_at;
 use futures_util::future::join_all;
 use std::future::Future;
 use std::sync::Arc;
@@ -44,6 +47,10 @@ pub struct Engine {
     publish: Arc<dyn Publish>,
     outages: Outages,
     telemetry: Telemetry,
+    /// Whether walks record their steps (the journal or span export is on).
+    recording: bool,
+    /// The share of new traces sampled.
+    sample_ratio: f64,
 }
 
 impl Engine {
@@ -54,7 +61,25 @@ impl Engine {
             publish,
             outages,
             telemetry,
+            recording: false,
+            sample_ratio: 1.0,
         }
+    }
+
+    /// The same engine, recording every walk's steps when `recording` (for
+    /// the journal and span export), sampling new traces at `sample_ratio`.
+    pub fn recording(mut self, recording: bool, sample_ratio: f64) -> Self {
+        self.recording = recording;
+        self.sample_ratio = sample_ratio;
+        self
+    }
+
+    /// Whether a copy of a message in `trace` says it is sampled: as its
+    /// producer said, or by the ratio for a new trace.
+    pub fn sampled(&self, trace: &Trace) -> bool {
+        trace
+            .sampled
+            .unwrap_or_else(|| sampled_at(trace.trace_id, self.sample_ratio))
     }
 
     /// The outage waits this engine counts in.
@@ -67,7 +92,7 @@ impl Engine {
         let branches = plans
             .into_iter()
             .map(|plan| {
-                let run = BranchRun::new(plan, self);
+                let mut run = BranchRun::new(plan, self);
                 let first = run.submit(self, envelope);
                 (run, first)
             })
@@ -99,7 +124,10 @@ impl Started {
         let run = std::slice::from_ref(&envelope);
         let deliveries = branches.into_iter().map(|(mut branch, first)| {
             let walk = &walk;
-            async move { branch.deliver(run, Some(first), walk).await }
+            async move {
+                let outcome = branch.deliver(run, Some(first), walk).await;
+                (outcome, branch.take_trail())
+            }
         });
         // Each delivery is boxed where it is made. Held inline, or side by
         // side in `join_all`'s one slice, they made every transaction's task
@@ -107,7 +135,7 @@ impl Started {
         // future's slot until its scope ends).
         let mut deliveries = deliveries.map(Box::pin);
         // One branch (one-to-one forwarding) needs no join.
-        let branches: Vec<BranchOutcome> = if deliveries.len() == 1 {
+        let ended: Vec<(BranchOutcome, Vec<Tried>)> = if deliveries.len() == 1 {
             match deliveries.next() {
                 Some(delivery) => vec![delivery.await],
                 None => Vec::new(),
@@ -115,7 +143,8 @@ impl Started {
         } else {
             join_all(deliveries).await
         };
-        Outcome { branches }
+        let (branches, trails) = ended.into_iter().unzip();
+        Outcome { branches, trails }
     }
 }
 

@@ -4,6 +4,7 @@
 //! replay on failover.
 
 use super::{BranchRun, Engine, Outages, Walk};
+use crate::amqp::AmqpValue;
 use crate::broker::{Health, PublishFailure, Refusal};
 use crate::config::Settings;
 use crate::envelope::Envelope;
@@ -409,5 +410,76 @@ async fn nacks_while_the_broker_settles_are_retried_on_the_same_endpoint_with_co
             r#"switchyard_failovers_total{branch="service",from="a",to="b"}"#
         ),
         None
+    );
+}
+
+/// The steps a recording engine's walk leaves for the journal: each
+/// attempt in order with its outcome, a down endpoint skipped, and a
+/// `traceparent` on every copy naming that attempt's span.
+#[tokio::test(start_paused = true)]
+async fn a_recording_walk_keeps_every_step_and_names_each_attempt_in_the_copys_traceparent() {
+    use crate::journal::Attempted;
+    let script = Script::new(|call, _| match call.endpoint.as_str() {
+        "a" => Reply::Fail(PublishFailure::Nacked),
+        "b" => Reply::Fail(PublishFailure::Returned {
+            code: 312,
+            text: "NO_ROUTE".to_owned(),
+        }),
+        _ => Reply::Ack,
+    });
+    script.set_health("c", Health::Down);
+    let (engine, _) = engine(&script);
+    let engine = engine.recording(true, 1.0);
+    let settings = settings(&["a", "b", "c", "d"], "service", "");
+    let producer = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let message = envelope(
+        "m1",
+        &[("traceparent", AmqpValue::LongString(producer.into()))],
+    );
+    let outcome = forward(&engine, &settings, &message).await;
+    assert_eq!(outcome.branches, [delivered("service", "d")]);
+    let [trail] = outcome.trails.as_slice() else {
+        panic!("one trail per branch: {:?}", outcome.trails);
+    };
+    let steps: Vec<(&str, &Attempted)> = trail
+        .iter()
+        .map(|t| (t.endpoint.name.as_str(), &t.outcome))
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            ("a", &Attempted::Nacked),
+            ("b", &Attempted::Returned(312)),
+            ("c", &Attempted::SkippedDown),
+            ("d", &Attempted::Confirmed),
+        ]
+    );
+    let published: Vec<u64> = trail.iter().map(|t| t.span).filter(|s| *s != 0).collect();
+    let carried: Vec<String> = script
+        .all_calls()
+        .iter()
+        .filter_map(|call| match call.header("traceparent") {
+            Some(AmqpValue::LongString(s)) => Some(s.to_string()),
+            _ => None,
+        })
+        .collect();
+    let expected: Vec<String> = published
+        .iter()
+        .map(|span| format!("00-0af7651916cd43dd8448eb211c80319c-{span:016x}-01"))
+        .collect();
+    assert_eq!(carried, expected);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_engine_that_does_not_record_keeps_no_steps_and_still_carries_the_trace() {
+    let script = Script::acking();
+    let (engine, _) = engine(&script);
+    let settings = settings(&["a"], "service", "");
+    let outcome = forward(&engine, &settings, &envelope("m1", &[])).await;
+    assert!(outcome.trails.iter().all(Vec::is_empty));
+    let calls = script.all_calls();
+    assert!(
+        matches!(calls[0].header("traceparent"), Some(AmqpValue::LongString(s)) if s.to_string().starts_with("00-")),
+        "a new trace is started and carried"
     );
 }

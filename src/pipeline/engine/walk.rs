@@ -39,12 +39,13 @@ use crate::backoff::Backoff;
 use crate::broker::{Attempt, Health, Mode, PublishFailure};
 use crate::destination::Endpoint;
 use crate::envelope::Envelope;
+use crate::journal::{Attempted, Tried};
 use crate::pipeline::outcome::BranchOutcome;
 use crate::routing::{BranchPlan, Outage};
 use crate::telemetry::{Replay, Telemetry};
 use crate::wire;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -67,6 +68,11 @@ pub struct BranchRun {
     /// The branch ended failed or rejected: its endpoint holds no complete
     /// prefix of the run any more.
     failed: bool,
+    /// Every step of the walk, in order, for the journal and span export;
+    /// `None` when neither is on.
+    trail: Option<Vec<Tried>>,
+    /// The span and start of the first attempt, submitted before the walk.
+    submitted: Option<(u64, SystemTime)>,
 }
 
 /// What a walk needs besides its branch: the engine, the inbound channel's
@@ -85,13 +91,28 @@ impl BranchRun {
     /// the first of all when none is.
     pub fn new(plan: BranchPlan, engine: &Engine) -> Self {
         let at = first_usable(engine, &plan);
-        Self {
+        let mut run = Self {
             plan,
             at,
             confirmed_here: 0,
             elsewhere: Vec::new(),
             failed: false,
-        }
+            trail: engine.recording.then(Vec::new),
+            submitted: None,
+        };
+        run.skipped(0..at, 0);
+        run
+    }
+
+    /// The steps the walk has taken so far, in order (none when nothing
+    /// records them).
+    pub fn trail(&self) -> &[Tried] {
+        self.trail.as_deref().unwrap_or_default()
+    }
+
+    /// Takes the steps recorded so far.
+    pub fn take_trail(&mut self) -> Vec<Tried> {
+        self.trail.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// The branch name.
@@ -107,10 +128,12 @@ impl BranchRun {
 
     /// Publishes `envelope`, the first message of a run, to the endpoint
     /// the branch starts on, now: its outcome is `deliver`'s `first`.
-    pub fn submit(&self, engine: &Engine, envelope: &Arc<Envelope>) -> Attempt {
+    pub fn submit(&mut self, engine: &Engine, envelope: &Arc<Envelope>) -> Attempt {
         match self.plan.endpoint(self.at) {
             Some(endpoint) => {
-                let headers = vec![self.copy_id(envelope)];
+                let span = wire::nonzero_u64();
+                self.submitted = Some((span, SystemTime::now()));
+                let headers = self.headers(engine, envelope, span, false);
                 engine
                     .publish
                     .publish(endpoint, envelope, headers, Mode::Normal)
@@ -175,6 +198,7 @@ impl BranchRun {
                     }
                 }
                 let next = self.next_endpoint(walk.engine);
+                self.skipped(self.at + 1..next, newest);
                 if let (Some(to), Some((from, error))) = (self.plan.endpoint(next), &last_error) {
                     let session = walk.session.map(|session| Replay {
                         session,
@@ -210,13 +234,16 @@ impl BranchRun {
             };
             let publish = walk.engine.publish.as_ref();
             let outages = &walk.engine.outages;
-            match outages
+            let ended = outages
                 .hold(publish, &self.plan, hold, walk.lost, deadline)
-                .await
-            {
+                .await;
+            self.held(newest, &endpoint, hold.since.elapsed());
+            match ended {
                 HoldEnd::Recovered => {
                     telemetry.outage_retry(message_id, &self.plan.name);
-                    self.move_to(first_usable(walk.engine, &self.plan));
+                    let at = first_usable(walk.engine, &self.plan);
+                    self.move_to(at);
+                    self.skipped(0..at, newest);
                 }
                 HoldEnd::Lost => return self.abandoned(),
                 HoldEnd::Expired => {
@@ -288,7 +315,7 @@ impl BranchRun {
     /// pause for as long as the endpoint fails transiently.
     async fn attempt(
         &mut self,
-        endpoint: &Endpoint,
+        endpoint: &Arc<Endpoint>,
         run: &[Arc<Envelope>],
         mut first: Option<Attempt>,
         walk: &Walk<'_>,
@@ -314,7 +341,7 @@ impl BranchRun {
     /// newest message's publish, already on the wire.
     async fn catch_up(
         &mut self,
-        endpoint: &Endpoint,
+        endpoint: &Arc<Endpoint>,
         run: &[Arc<Envelope>],
         mut first: Option<Attempt>,
         walk: &Walk<'_>,
@@ -326,20 +353,19 @@ impl BranchRun {
             let index = self.confirmed_here;
             let envelope = &run[index];
             let replay = index < newest;
-            let extra = || {
-                let mut headers = vec![self.copy_id(envelope)];
-                if replay {
-                    headers.push((wire::REPLAY.into(), AmqpValue::Boolean(true)));
+            let (mut sent, mut span, mut started) = match (replay, first.take()) {
+                (false, Some(first)) => {
+                    let (span, started) = self.submitted.take().unwrap_or((0, SystemTime::now()));
+                    (first.await, span, started)
                 }
-                headers
-            };
-            let mut sent = match (replay, first.take()) {
-                (false, Some(first)) => first.await,
                 (_, kept) => {
                     first = kept;
-                    publish
-                        .publish(endpoint, envelope, extra(), Mode::Normal)
-                        .await
+                    let (span, started) = (wire::nonzero_u64(), SystemTime::now());
+                    let headers = self.headers(walk.engine, envelope, span, replay);
+                    let sent = publish
+                        .publish(endpoint, envelope, headers, Mode::Normal)
+                        .await;
+                    (sent, span, started)
                 }
             };
             if let Err(error) = &sent
@@ -352,10 +378,14 @@ impl BranchRun {
                     &endpoint.name,
                     error,
                 );
+                self.tried(endpoint, index, replay, (span, started), &sent);
+                (span, started) = (wire::nonzero_u64(), SystemTime::now());
+                let headers = self.headers(walk.engine, envelope, span, replay);
                 sent = publish
-                    .publish(endpoint, envelope, extra(), Mode::Alone)
+                    .publish(endpoint, envelope, headers, Mode::Alone)
                     .await;
             }
+            self.tried(endpoint, index, replay, (span, started), &sent);
             sent?;
             self.confirmed_here += 1;
             telemetry.forwarded(envelope.message_id(), &self.plan.name, &endpoint.name);
@@ -364,6 +394,102 @@ impl BranchRun {
             }
         }
         Ok(())
+    }
+
+    /// The headers a copy of `envelope` carries on this branch: its copy
+    /// id, its `traceparent` naming the publish span `span` (and the
+    /// incoming `tracestate`), and the replay mark.
+    fn headers(
+        &self,
+        engine: &Engine,
+        envelope: &Envelope,
+        span: u64,
+        replay: bool,
+    ) -> Vec<(ShortString, AmqpValue)> {
+        let trace = &envelope.annotations.trace;
+        let sampled = engine.sampled(trace);
+        let mut headers = Vec::with_capacity(4);
+        headers.push(self.copy_id(envelope));
+        headers.push((
+            wire::TRACEPARENT.into(),
+            AmqpValue::LongString(trace.child(span, sampled).into()),
+        ));
+        if let Some(state) = &trace.state {
+            headers.push((
+                wire::TRACESTATE.into(),
+                AmqpValue::LongString(state.as_str().into()),
+            ));
+        }
+        if replay {
+            headers.push((wire::REPLAY.into(), AmqpValue::Boolean(true)));
+        }
+        headers
+    }
+
+    /// Records one publish attempt at `endpoint` and how it ended.
+    fn tried(
+        &mut self,
+        endpoint: &Arc<Endpoint>,
+        index: usize,
+        replay: bool,
+        (span, started): (u64, SystemTime),
+        sent: &Result<(), PublishFailure>,
+    ) {
+        let Some(trail) = &mut self.trail else {
+            return;
+        };
+        trail.push(Tried {
+            index: u32::try_from(index).unwrap_or(u32::MAX),
+            endpoint: endpoint.clone(),
+            outcome: attempted(sent),
+            replay,
+            span,
+            started,
+            ended: SystemTime::now(),
+        });
+    }
+
+    /// Records the endpoints at `places` as skipped, being down, on the
+    /// way to the run's message `index`.
+    fn skipped(&mut self, places: std::ops::Range<usize>, index: usize) {
+        let Some(trail) = &mut self.trail else {
+            return;
+        };
+        let now = SystemTime::now();
+        for place in places {
+            if let Some(endpoint) = self.plan.endpoint(place) {
+                trail.push(Tried {
+                    index: u32::try_from(index).unwrap_or(u32::MAX),
+                    endpoint: endpoint.clone(),
+                    outcome: Attempted::SkippedDown,
+                    replay: false,
+                    span: 0,
+                    started: now,
+                    ended: now,
+                });
+            }
+        }
+    }
+
+    /// Records an outage hold of the run's message `index` for `held`,
+    /// after `endpoint` (by name) failed last.
+    fn held(&mut self, index: usize, endpoint: &str, held: Duration) {
+        let Some(trail) = &mut self.trail else {
+            return;
+        };
+        let Some(endpoint) = self.plan.endpoints().find(|e| e.name == endpoint) else {
+            return;
+        };
+        let ended = SystemTime::now();
+        trail.push(Tried {
+            index: u32::try_from(index).unwrap_or(u32::MAX),
+            endpoint: endpoint.clone(),
+            outcome: Attempted::Held(held),
+            replay: false,
+            span: 0,
+            started: ended.checked_sub(held).unwrap_or(ended),
+            ended,
+        });
     }
 
     /// The `x-switchyard-copy-id` header of `envelope` on this branch.
@@ -406,6 +532,20 @@ impl BranchRun {
             None => self.elsewhere.push((self.at, here)),
         }
         self.at = place;
+    }
+}
+
+/// The journal's word for how one publish ended.
+fn attempted(sent: &Result<(), PublishFailure>) -> Attempted {
+    match sent {
+        Ok(()) => Attempted::Confirmed,
+        Err(PublishFailure::Nacked | PublishFailure::NackedSettling) => Attempted::Nacked,
+        Err(PublishFailure::Returned { code, .. }) => Attempted::Returned(*code),
+        Err(PublishFailure::Timeout(_)) => Attempted::TimedOut,
+        Err(PublishFailure::Broker(_)) => Attempted::Lost,
+        Err(PublishFailure::Unreachable(_)) => Attempted::Unreachable,
+        Err(PublishFailure::Rejected(_)) => Attempted::Refused,
+        Err(PublishFailure::Stopped) => Attempted::Stopped,
     }
 }
 

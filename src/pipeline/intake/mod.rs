@@ -26,6 +26,7 @@ use super::engine::held;
 use super::live::Live;
 use super::sessions::HttpSessions;
 use crate::envelope::Envelope;
+use crate::journal::Journal;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -62,6 +63,11 @@ impl Intake {
         }
     }
 
+    /// Where settled messages are recorded.
+    pub fn journal(&self) -> Journal {
+        self.live.common.journal.clone()
+    }
+
     /// Admits `envelope` under the live generation, leaving out the
     /// branches `skip` names, and puts the first attempts of an independent
     /// message on the wire. `lost` cancelled: no new attempt starts.
@@ -77,6 +83,9 @@ impl Intake {
         let generation = self.live.current();
         if generation.blocked() {
             return Err(NotTaken::Blocked);
+        }
+        if self.live.common.journal.holding() {
+            return Err(NotTaken::Unrecorded);
         }
         let envelope = Arc::new(envelope);
         match admit(&generation, &envelope, self.sessions.membership()) {

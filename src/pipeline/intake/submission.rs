@@ -24,6 +24,11 @@ pub enum NotTaken {
     /// The screen, the filter table (`no-route`) or its session bars it.
     #[error("{0}")]
     Barred(Barred),
+    /// The journal cannot record it now (`on_unavailable = "hold"`).
+    #[error(
+        "the journal cannot be written now (journal.on_unavailable = \"hold\"); try again later"
+    )]
+    Unrecorded,
     /// Every session slot is taken.
     #[error("{0} sessions are open, the most sessions.max_open allows; try again later")]
     SessionsFull(u32),

@@ -19,6 +19,8 @@ pub(crate) struct Arrival {
     /// Why the screen bars the message, if it does: the whole session is
     /// dead-lettered with it.
     pub(crate) refused: Option<Barred>,
+    /// When it was consumed, for the journal.
+    pub(crate) received_at: std::time::SystemTime,
 }
 
 /// The longest session id kept, in bytes: every open, waiting and recently

@@ -126,7 +126,10 @@ impl Progress {
                 .map(|b| b.deliver(run, None, &walk)),
         )
         .await;
-        Outcome { branches }
+        Outcome {
+            branches,
+            trails: Vec::new(),
+        }
     }
 
     /// Takes the messages out, for settling, with the branches.

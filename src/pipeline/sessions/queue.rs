@@ -13,6 +13,7 @@ use crate::pipeline::admit::Membership;
 use crate::pipeline::engine::spawn_held;
 use crate::pipeline::generation::Generation;
 use crate::pipeline::outcome::{Barred, Verdict};
+use crate::pipeline::record;
 use crate::telemetry::Telemetry;
 use std::sync::Arc;
 use std::time::Duration;
@@ -104,6 +105,7 @@ impl Sessions {
             envelope,
             receipt,
             permit,
+            received_at,
             ..
         } = arrival;
         let verdict = Verdict::barred(Barred::SessionClosed {
@@ -111,10 +113,17 @@ impl Sessions {
             ago,
         });
         let settled = async move {
+            let said = record::said(&verdict);
             let settler = &generation.settler;
             settler
                 .settle_with(&envelope, receipt, verdict, annotation(&id))
                 .await;
+            if generation.journal.wanted() {
+                let source = crate::pipeline::consume::source_of(&envelope);
+                let mut entry = record::entry(&envelope, source, received_at, said, Vec::new());
+                entry.session = Some(id);
+                generation.journal.settled(entry);
+            }
         };
         spawn_held(&self.tracker, &self.abandon, permit, settled);
     }

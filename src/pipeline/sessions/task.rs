@@ -20,10 +20,15 @@ use super::membership::{Arrival, annotation};
 use super::progress::{Next, Progress, next};
 use super::set::{Closing, Session};
 use crate::broker::Receipt;
+use crate::envelope::Envelope;
+use crate::journal::Said;
 use crate::pipeline::admit::route;
 use crate::pipeline::engine::{BranchRun, held};
 use crate::pipeline::outcome::{Barred, Cause, Outcome, Reach, Verdict};
+use crate::pipeline::record;
 use crate::telemetry::Telemetry;
+use std::sync::Arc;
+use std::time::SystemTime;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 
@@ -40,6 +45,8 @@ pub(super) struct SessionTask {
 struct Held {
     receipts: Vec<Receipt>,
     permits: Vec<OwnedSemaphorePermit>,
+    /// When each was consumed, for the journal.
+    received: Vec<SystemTime>,
 }
 
 /// How the session ends.
@@ -89,6 +96,14 @@ impl SessionTask {
                 for receipt in held.receipts {
                     receipt.ack();
                 }
+                let (envelopes, branches) = progress.into_parts();
+                self.record(
+                    &envelopes,
+                    &held.received,
+                    &branches,
+                    |_| Said::Acked,
+                    |_, _| "delivered",
+                );
             }
             End::Abandoned => self.telemetry.session_abandoned(&id, held.receipts.len()),
             End::DeadLetter(cause) => self.dead_letter(progress, held, cause).await,
@@ -124,7 +139,9 @@ impl SessionTask {
                 receipt,
                 permit,
                 refused,
+                received_at,
             } = arrival;
+            held.received.push(received_at);
             if held.receipts.is_empty() {
                 *lost = receipt.lost().clone();
             }
@@ -159,13 +176,18 @@ impl SessionTask {
     /// reached no branch.
     async fn dead_letter(&self, progress: Progress, holding: Held, cause: Cause) {
         let id = &self.session.id;
-        let Held { receipts, permits } = holding;
+        let Held {
+            receipts,
+            permits,
+            received,
+        } = holding;
         self.telemetry
             .session_dead_lettered(id, cause.reason().as_str(), receipts.len());
         let (envelopes, branches) = progress.into_parts();
         let branches: &[BranchRun] = &branches;
         let letters = envelopes
-            .into_iter()
+            .iter()
+            .cloned()
             .zip(receipts)
             .enumerate()
             .map(|(index, (envelope, receipt))| {
@@ -189,8 +211,50 @@ impl SessionTask {
             .collect();
         let settler = &self.session.generation.settler;
         let settled = settler.settle_set(letters, annotation(id));
-        held(&self.abandon, settled).await;
+        let settled = held(&self.abandon, settled).await.is_some();
         drop(permits);
+        if settled {
+            let said = record::said(&Verdict::DeadLetter {
+                cause: cause.clone(),
+                reached: Vec::new(),
+            });
+            let result = |index: usize, branch: &BranchRun| {
+                if cause.failed_branches().any(|f| f.branch == *branch.name()) {
+                    "failed"
+                } else if index < branch.holds() {
+                    "delivered"
+                } else {
+                    "not-sent"
+                }
+            };
+            self.record(&envelopes, &received, branches, |_| said.clone(), result);
+        }
+    }
+
+    /// Tells the journal of every message of the set, settled as `said`
+    /// says, each branch's result for a message as `result` says.
+    fn record(
+        &self,
+        envelopes: &[Arc<Envelope>],
+        received: &[SystemTime],
+        branches: &[BranchRun],
+        said: impl Fn(usize) -> Said,
+        result: impl Fn(usize, &BranchRun) -> &'static str,
+    ) {
+        let journal = &self.session.generation.journal;
+        if !journal.wanted() {
+            return;
+        }
+        for (index, (envelope, received_at)) in envelopes.iter().zip(received).enumerate() {
+            let steps = branches
+                .iter()
+                .map(|b| record::for_message(b.name(), result(index, b), b.trail(), index))
+                .collect();
+            let source = crate::pipeline::consume::source_of(envelope);
+            let mut entry = record::entry(envelope, source, *received_at, said(index), steps);
+            entry.session = Some(self.session.id.clone());
+            journal.settled(entry);
+        }
     }
 
     /// Settles messages that reached the session after it ended: as
@@ -213,10 +277,19 @@ impl SessionTask {
                 arrival.envelope.message_id(),
                 std::time::Duration::ZERO,
             );
+            let said = record::said(&verdict);
             generation
                 .settler
                 .settle_with(&arrival.envelope, arrival.receipt, verdict, annotation(id))
                 .await;
+            if generation.journal.wanted() {
+                let envelope = &arrival.envelope;
+                let source = crate::pipeline::consume::source_of(envelope);
+                let mut entry =
+                    record::entry(envelope, source, arrival.received_at, said, Vec::new());
+                entry.session = Some(id.clone());
+                generation.journal.settled(entry);
+            }
         }
     }
 }

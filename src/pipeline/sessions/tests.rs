@@ -82,6 +82,7 @@ impl Bench {
             envelope,
             receipt: self.settled.receipt(tag),
             permit,
+            received_at: std::time::SystemTime::now(),
         };
         self.sessions.admit(session, arrival, &generation);
         // Lets the session's task take it.

@@ -1,0 +1,117 @@
+//! Record: every settled message, whichever way it came and however it
+//! ended, is told to the journal once, as an [`Entry`] made of what its
+//! transaction already holds (the verdict, each branch's outcome and the
+//! steps its walk recorded). Nothing here waits: the journal takes the
+//! entry or counts it dropped.
+
+use super::outcome::{BranchOutcome, Outcome, Verdict};
+use crate::envelope::Envelope;
+use crate::errors::one_line_text;
+use crate::journal::{BranchEntry, Entry, Said, Source, Tried};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+/// The branches of `outcome` as the journal records them, taking the
+/// steps each walk recorded (the outcome keeps its branches, for the
+/// verdict).
+pub(crate) fn branches(outcome: &mut Outcome) -> Vec<BranchEntry> {
+    let mut trails = std::mem::take(&mut outcome.trails).into_iter();
+    outcome
+        .branches
+        .iter()
+        .map(|branch| BranchEntry {
+            branch: name(branch).clone(),
+            result: result(branch),
+            attempts: trails.next().unwrap_or_default(),
+        })
+        .collect()
+}
+
+/// A branch confirmed by an earlier try of the same request (an HTTP
+/// retry): nothing was sent on it this time.
+pub(crate) fn earlier(branch: &str) -> BranchEntry {
+    BranchEntry {
+        branch: branch.into(),
+        result: "earlier",
+        attempts: Vec::new(),
+    }
+}
+
+/// A session's branch as one of its messages saw it: the steps for that
+/// message (its place `index` in the set), replays included.
+pub(crate) fn for_message(
+    branch: &Arc<str>,
+    result: &'static str,
+    trail: &[Tried],
+    index: usize,
+) -> BranchEntry {
+    BranchEntry {
+        branch: branch.clone(),
+        result,
+        attempts: trail
+            .iter()
+            .filter(|step| step.index as usize == index)
+            .cloned()
+            .collect(),
+    }
+}
+
+/// What `verdict` says of the message.
+pub(crate) fn said(verdict: &Verdict) -> Said {
+    match verdict {
+        Verdict::Commit => Said::Acked,
+        Verdict::Abandon => Said::Requeued,
+        Verdict::DeadLetter { cause, .. } => Said::DeadLettered {
+            reason: cause.reason().as_str(),
+            error: one_line_text(&cause.to_string()),
+        },
+    }
+}
+
+/// The entry of `envelope`, received at `received_at` from `source`,
+/// settled now.
+pub(crate) fn entry(
+    envelope: &Envelope,
+    source: Source,
+    received_at: SystemTime,
+    said: Said,
+    branches: Vec<BranchEntry>,
+) -> Entry {
+    let message_id = envelope
+        .properties
+        .message_id()
+        .as_ref()
+        .map(|id| id.as_str().to_owned());
+    Entry {
+        content: message_id.is_none().then(|| envelope.content_uuid()),
+        message_id,
+        source,
+        session: None,
+        trace: envelope.annotations.trace.clone(),
+        received_at,
+        settled_at: SystemTime::now(),
+        said,
+        branches,
+    }
+}
+
+/// The record's word for how a branch ended.
+fn result(branch: &BranchOutcome) -> &'static str {
+    match branch {
+        BranchOutcome::Delivered { .. } => "delivered",
+        BranchOutcome::Failed { .. } => "failed",
+        BranchOutcome::Outage { .. } => "outage",
+        BranchOutcome::Rejected { .. } => "rejected",
+        BranchOutcome::Abandoned { .. } => "abandoned",
+    }
+}
+
+fn name(branch: &BranchOutcome) -> &Arc<str> {
+    match branch {
+        BranchOutcome::Delivered { branch, .. }
+        | BranchOutcome::Failed { branch, .. }
+        | BranchOutcome::Outage { branch, .. }
+        | BranchOutcome::Rejected { branch, .. }
+        | BranchOutcome::Abandoned { branch } => branch,
+    }
+}
