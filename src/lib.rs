@@ -238,5 +238,7 @@ fn startup_summary<'a>(
             }
             _ => "off".to_owned(),
         },
+        journal: config::Journal::summary(settings.journal.as_ref()),
+        otlp: config::Otlp::summary(settings.otlp.as_ref()),
     }
 }

@@ -124,11 +124,13 @@ fn summary(path: &std::path::Path, settings: &Settings) -> String {
         None => "inbound: none (HTTP ingress only)\ndead letters: none".to_owned(),
     };
     format!(
-        "{}: ok\n{queue}\nbrokers: {}\nadmin: {admin}\nsessions: {}\nhttp ingress: {}\nfilter table:\n{}",
+        "{}: ok\n{queue}\nbrokers: {}\nadmin: {admin}\nsessions: {}\nhttp ingress: {}\njournal: {}\notlp: {}\nfilter table:\n{}",
         path.display(),
         brokers.join(", "),
         config::Sessions::summary(settings.sessions.as_ref()),
         config::HttpIngress::summary(settings.http.as_ref()),
+        config::Journal::summary(settings.journal.as_ref()),
+        config::Otlp::summary(settings.otlp.as_ref()),
         settings.routing.summary()
     )
 }

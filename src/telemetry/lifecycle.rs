@@ -26,6 +26,10 @@ pub struct StartupSummary<'a> {
     pub sessions: String,
     /// `off`, or where the HTTP ingress listens and its limits.
     pub http: String,
+    /// `off`, or the journal's stream, broker and settings.
+    pub journal: String,
+    /// `off`, or where spans are exported.
+    pub otlp: String,
 }
 
 impl Telemetry {
@@ -45,6 +49,8 @@ impl Telemetry {
             admin = summary.admin.as_str(),
             sessions = summary.sessions.as_str(),
             http = summary.http.as_str(),
+            journal = summary.journal.as_str(),
+            otlp = summary.otlp.as_str(),
             "starting"
         );
     }
