@@ -136,6 +136,8 @@ fn every_configuration_key_is_documented_and_every_documented_key_exists() {
         ("RawSessions", "`[sessions]`"),
         ("RawAdmin", "`[admin]`"),
         ("RawHttpIngress", "`[ingress.http]`"),
+        ("RawJournal", "`[journal]`"),
+        ("RawOtlp", "`[telemetry.otlp]`"),
     ];
     // A filter is one struct per kind, and `type`, which picks the kind.
     let filter_kinds: Vec<&String> = structs
@@ -182,6 +184,19 @@ fn every_configuration_key_is_documented_and_every_documented_key_exists() {
         );
     }
     checked.insert("RawIngress");
+
+    // `[telemetry]` holds one table per kind of telemetry, each with a section.
+    for (key, _) in structs
+        .get("RawTelemetry")
+        .expect("raw.rs has RawTelemetry")
+    {
+        let marker = format!("[telemetry.{key}]");
+        assert!(
+            headings.iter().any(|h| h.contains(&marker)),
+            "{CONFIGURATION} has no section for {marker}"
+        );
+    }
+    checked.insert("RawTelemetry");
 
     // The top level: scalar keys have rows, tables have sections.
     let top = structs.get("RawConfig").expect("raw.rs has RawConfig");

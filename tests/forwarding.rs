@@ -15,11 +15,13 @@ fn two_branch_toml(p: &str) -> String {
 }
 
 /// Headers of `m` without the ones the forwarder may add.
+/// The copy's headers other than switchyard's own: its `x-switchyard-*`
+/// annotations and the `traceparent` naming its publish (checked apart).
 fn user_headers(m: &Message) -> FieldTable {
     let mut out = FieldTable::default();
     if let Some(h) = m.properties.headers() {
         for (k, v) in h {
-            if !k.as_str().starts_with("x-switchyard-") {
+            if !k.as_str().starts_with("x-switchyard-") && k.as_str() != "traceparent" {
                 out.insert(k.clone(), v.clone());
             }
         }
@@ -142,6 +144,12 @@ async fn a_message_without_properties_gets_only_switchyard_headers() {
         let got = broker.get_all(&format!("{p}.{queue}")).await;
         assert_eq!(got[0].body, b"bare");
         assert!(user_headers(&got[0]).inner().is_empty());
+        let traceparent = got[0].header_str("traceparent").unwrap_or_default();
+        let parts: Vec<&str> = traceparent.split('-').collect();
+        assert!(
+            parts.len() == 4 && parts[0] == "00" && parts[1].len() == 32 && parts[2].len() == 16,
+            "{queue}: a new trace is started and carried: {traceparent:?}"
+        );
         assert_eq!(got[0].properties.message_id(), &None);
         assert_eq!(got[0].properties.content_type(), &None);
     }

@@ -184,7 +184,7 @@ impl Ingress {
         if envelope.annotations.trace.malformed {
             self.telemetry.trace_context_malformed(&id);
         }
-        let journal = self.intake.journal();
+        let journal = self.intake.recorder();
         // Made before the envelope goes; completed once it is answered.
         let mut entry = journal.wanted().then(|| {
             let received_at = SystemTime::now();

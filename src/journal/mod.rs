@@ -11,8 +11,8 @@
 //! (`switchyard_journal_dropped_total`) and logged at most every ten
 //! seconds. With `on_unavailable = "hold"`, no new work is taken while the
 //! journal cannot write or its buffer is half full ([`Journal::holding`]).
-//! The same entry feeds span export (`crate::traces`), so the journal and
-//! the trace tell one story.
+//! The pipeline hands the same entry to span export (`crate::traces`), so
+//! the journal and the trace tell one story.
 
 mod entry;
 pub mod record;
@@ -24,7 +24,6 @@ pub use record::Record;
 use crate::broker::Connector;
 use crate::config::{self, OnUnavailable};
 use crate::telemetry::Telemetry;
-use crate::traces::Spans;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
@@ -36,7 +35,6 @@ use tokio_util::task::TaskTracker;
 #[derive(Clone, Default)]
 pub struct Journal {
     inner: Option<Arc<Inner>>,
-    spans: Spans,
 }
 
 struct Inner {
@@ -55,17 +53,11 @@ struct Inner {
 }
 
 impl Journal {
-    /// A journal for `settings` (`None`: off), written as `instance`,
-    /// exporting spans through `spans`. Nothing is connected until
-    /// [`Self::start`].
-    pub fn new(
-        settings: Option<&config::Journal>,
-        instance: &str,
-        spans: Spans,
-        telemetry: &Telemetry,
-    ) -> Self {
+    /// A journal for `settings` (`None`: off), written as `instance`.
+    /// Nothing is connected until [`Self::start`].
+    pub fn new(settings: Option<&config::Journal>, instance: &str, telemetry: &Telemetry) -> Self {
         let Some(settings) = settings else {
-            return Self { inner: None, spans };
+            return Self { inner: None };
         };
         let (buffer, entries) = mpsc::channel(settings.buffer);
         let (writable_tx, writable) = watch::channel(true);
@@ -91,14 +83,12 @@ impl Journal {
                 stopped,
                 telemetry: telemetry.clone(),
             })),
-            spans,
         }
     }
 
     /// Starts the writer (once) on a connection of its own, made by a
     /// connector whose background work runs on `background`.
     pub fn start(&self, background: &TaskTracker) {
-        self.spans.start(background);
         let Some(inner) = &self.inner else {
             return;
         };
@@ -115,9 +105,8 @@ impl Journal {
         background.spawn(writer.run(connector));
     }
 
-    /// Records one settled message (and exports its spans): never waits.
+    /// Records one settled message: never waits.
     pub fn settled(&self, entry: Entry) {
-        self.spans.export(&entry);
         let Some(inner) = &self.inner else {
             return;
         };
@@ -131,9 +120,9 @@ impl Journal {
         }
     }
 
-    /// Whether records are wanted at all (the journal or span export is on).
-    pub fn wanted(&self) -> bool {
-        self.inner.is_some() || self.spans.on()
+    /// Whether the journal is on.
+    pub fn on(&self) -> bool {
+        self.inner.is_some()
     }
 
     /// With `on_unavailable = "hold"`: whether new work must wait (the
@@ -166,12 +155,11 @@ impl Journal {
     }
 
     /// Writes what the buffer holds and stops the writer, within `bound`;
-    /// what is left then is counted as dropped. Also flushes span export.
+    /// what is left then is counted as dropped.
     pub async fn close(&self, bound: Duration) {
         if let Some(inner) = &self.inner {
             inner.stop.cancel();
             let _ = tokio::time::timeout(bound, inner.stopped.cancelled()).await;
         }
-        self.spans.close(bound).await;
     }
 }

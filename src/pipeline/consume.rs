@@ -34,7 +34,6 @@ use crate::broker::{
     redeclare_inbound,
 };
 use crate::envelope::Envelope;
-use crate::journal::Source;
 use crate::reload::Reload;
 use crate::telemetry::Telemetry;
 use std::future::Future;
@@ -412,11 +411,11 @@ impl Consumer {
                 }
                 Err(verdict) => (verdict, Vec::new()),
             };
-            let journal = generation.journal.clone();
+            let journal = generation.recorder.clone();
             let said = journal.wanted().then(|| record::said(&verdict));
             generation.settler.settle(&envelope, receipt, verdict).await;
             if let Some(said) = said {
-                let source = source_of(&envelope);
+                let source = record::source_of(&envelope);
                 journal.settled(record::entry(
                     &envelope,
                     source,
@@ -428,15 +427,5 @@ impl Consumer {
             drop(in_flight);
         };
         spawn_held(&consumer.tracker, &consumer.abandon, permit, transaction);
-    }
-}
-
-/// Where a consumed message came from: the queue, or `dlq redrive` (which
-/// marks what it puts back).
-pub(super) fn source_of(envelope: &Envelope) -> Source {
-    if envelope.annotations.redriven {
-        Source::Redrive
-    } else {
-        Source::Queue
     }
 }

@@ -11,12 +11,12 @@
 //! its last handle is gone and its confirms are in.
 
 use super::engine::{Engine, Outages};
+use super::record::Recorder;
 use super::screen::Screen;
 use super::settle::Settler;
 use crate::broker::{Blocking, Connector, EndpointHealth, Publish, Publisher, Publishers, Role};
 use crate::config::Settings;
 use crate::destination::{DeadLetterMode, Endpoint};
-use crate::journal::Journal;
 use crate::telemetry::Telemetry;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -47,8 +47,8 @@ pub struct Generation {
     pub(super) screen: Arc<Screen>,
     /// The blocked state of every publishing connection.
     pub(super) blocking: Vec<watch::Receiver<Blocking>>,
-    /// Where settled messages are recorded (the forwarder's one journal).
-    pub(crate) journal: Journal,
+    /// Where settled messages are recorded (the forwarder's one recorder).
+    pub(crate) recorder: Recorder,
 }
 
 /// What every generation of one forwarder shares.
@@ -63,7 +63,7 @@ pub(super) struct Common {
     /// actors, probes, event listeners, closes), awaited at shutdown.
     pub(super) background: TaskTracker,
     /// Where every settled message is recorded, whichever generation.
-    pub(super) journal: Journal,
+    pub(super) recorder: Recorder,
     pub(super) telemetry: Telemetry,
 }
 
@@ -76,7 +76,7 @@ impl Common {
             publishers_stop: CancellationToken::new(),
             outages: Outages::new(telemetry.clone()),
             background: TaskTracker::new(),
-            journal: Journal::default(),
+            recorder: Recorder::default(),
             telemetry,
         }
     }
@@ -139,7 +139,7 @@ impl Generation {
             common.outages.clone(),
             telemetry.clone(),
         )
-        .recording(common.journal.wanted(), sample_ratio);
+        .recording(common.recorder.wanted(), sample_ratio);
         let dead_letters = parts.dead_letter_publisher(&publish_connectors);
         let settler = Settler::new(
             dead_letter_mode(&settings),
@@ -168,7 +168,7 @@ impl Generation {
             settler,
             screen,
             blocking,
-            journal: common.journal.clone(),
+            recorder: common.recorder.clone(),
         }
     }
 

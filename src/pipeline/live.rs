@@ -47,7 +47,7 @@ impl Live {
         loop {
             // Checked first, so the usual case makes no receiver at all.
             let generation = self.current();
-            let journal = &self.common.journal;
+            let journal = &self.common.recorder;
             if generation.publishing() && !journal.holding() {
                 return;
             }

@@ -29,7 +29,7 @@
 //! on every branch.
 
 mod admit;
-pub(crate) mod consume;
+mod consume;
 pub mod engine;
 mod generation;
 pub mod intake;
@@ -45,10 +45,8 @@ mod testkit;
 use crate::backoff::Backoff;
 use crate::broker::{ConnectError, TopologyError, declare_endpoint_queue, prepare_inbound};
 use crate::config::Settings;
-use crate::journal::Journal;
 use crate::reload::Reload;
 use crate::telemetry::Telemetry;
-use crate::traces::Spans;
 use generation::{Common, Generation};
 use live::Live;
 use std::sync::Arc;
@@ -114,8 +112,7 @@ impl Forwarder {
     /// `telemetry`; connects lazily.
     pub fn new(settings: Settings, telemetry: Telemetry) -> Self {
         let mut common = Common::new(telemetry.clone());
-        let spans = Spans::new(settings.otlp.as_ref(), &telemetry);
-        common.journal = Journal::new(settings.journal.as_ref(), &settings.name, spans, &telemetry);
+        common.recorder = record::Recorder::new(&settings, &telemetry);
         let tracker = TaskTracker::new();
         let abandon = CancellationToken::new();
         Self {
@@ -175,7 +172,10 @@ impl Forwarder {
 
     /// Runs until `shutdown` is cancelled, then drains and closes.
     pub async fn run(mut self, shutdown: CancellationToken) -> Result<(), RunError> {
-        self.live.common.journal.start(&self.live.common.background);
+        self.live
+            .common
+            .recorder
+            .start(&self.live.common.background);
         let first = self.live.current();
         self.prepare(&first, &shutdown).await?;
         if !shutdown.is_cancelled() {
@@ -210,7 +210,7 @@ impl Forwarder {
         }
         let common = &self.live.common;
         // Every transaction has settled: what they recorded is written now.
-        common.journal.close(JOURNAL_BOUND).await;
+        common.recorder.close(JOURNAL_BOUND).await;
         common.publishers_stop.cancel();
         let last = self.live.current();
         // Concurrently: a stalled broker must not add its close timeout to every other's.

@@ -1,15 +1,69 @@
 //! Record: every settled message, whichever way it came and however it
-//! ended, is told to the journal once, as an [`Entry`] made of what its
-//! transaction already holds (the verdict, each branch's outcome and the
-//! steps its walk recorded). Nothing here waits: the journal takes the
-//! entry or counts it dropped.
+//! ended, is told once to the [`Recorder`] (the journal and span export),
+//! as an [`Entry`] made of what its transaction already holds (the
+//! verdict, each branch's outcome and the steps its walk recorded).
+//! Nothing here waits: each takes the entry or counts it dropped.
 
 use super::outcome::{BranchOutcome, Outcome, Verdict};
+use crate::config::Settings;
 use crate::envelope::Envelope;
 use crate::errors::one_line_text;
-use crate::journal::{BranchEntry, Entry, Said, Source, Tried};
+use crate::journal::{BranchEntry, Entry, Journal, Said, Source, Tried};
+use crate::telemetry::Telemetry;
+use crate::traces::Spans;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
+use tokio_util::task::TaskTracker;
+
+/// Where settled messages are told: the journal and span export, either
+/// or both off. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct Recorder {
+    journal: Journal,
+    spans: Spans,
+}
+
+impl Recorder {
+    /// The journal and span export `settings` ask for, as instance `name`.
+    pub(crate) fn new(settings: &Settings, telemetry: &Telemetry) -> Self {
+        Self {
+            journal: Journal::new(settings.journal.as_ref(), &settings.name, telemetry),
+            spans: Spans::new(settings.otlp.as_ref(), telemetry),
+        }
+    }
+
+    /// Starts the journal's writer and the span exporter on `background`.
+    pub(crate) fn start(&self, background: &TaskTracker) {
+        self.journal.start(background);
+        self.spans.start(background);
+    }
+
+    /// Whether anything is recorded at all (worth building an entry).
+    pub(crate) fn wanted(&self) -> bool {
+        self.journal.on() || self.spans.on()
+    }
+
+    /// Records one settled message; never waits.
+    pub(crate) fn settled(&self, entry: Entry) {
+        self.spans.export(&entry);
+        self.journal.settled(entry);
+    }
+
+    /// With `journal.on_unavailable = "hold"`: whether new work must wait.
+    pub(crate) fn holding(&self) -> bool {
+        self.journal.holding()
+    }
+
+    /// Returns once new work may be taken ([`Self::holding`] is false).
+    pub(crate) async fn until_taking(&self) {
+        self.journal.until_taking().await;
+    }
+
+    /// Writes and exports what is queued, within `bound` each, at once.
+    pub(crate) async fn close(&self, bound: Duration) {
+        tokio::join!(self.journal.close(bound), self.spans.close(bound));
+    }
+}
 
 /// The branches of `outcome` as the journal records them, taking the
 /// steps each walk recorded (the outcome keeps its branches, for the
@@ -113,5 +167,15 @@ fn name(branch: &BranchOutcome) -> &Arc<str> {
         | BranchOutcome::Outage { branch, .. }
         | BranchOutcome::Rejected { branch, .. }
         | BranchOutcome::Abandoned { branch } => branch,
+    }
+}
+
+/// Where a consumed message came from: the queue, or `dlq redrive` (which
+/// marks what it puts back).
+pub(crate) fn source_of(envelope: &Envelope) -> Source {
+    if envelope.annotations.redriven {
+        Source::Redrive
+    } else {
+        Source::Queue
     }
 }

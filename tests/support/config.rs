@@ -332,6 +332,11 @@ pub struct Forwarder {
     sessions: Option<Keys>,
     admin: Option<Keys>,
     http: Option<Keys>,
+    /// `[journal]`: by default the stream `<prefix>.journal`, so a test's
+    /// records go with its other queues.
+    journal: Option<Keys>,
+    /// `[telemetry.otlp]`, when set.
+    otlp: Option<Keys>,
     /// Whether `[inbound]` and `[dead_letter]` are written.
     queue: bool,
 }
@@ -361,6 +366,8 @@ impl Forwarder {
         dead_letter.set("queue", format!("{prefix}.dlq"));
         let mut main = Keys::default();
         main.set("uri", url);
+        let mut journal = Keys::default();
+        journal.set("stream", format!("{prefix}.journal"));
         Self {
             top,
             inbound,
@@ -373,8 +380,27 @@ impl Forwarder {
             sessions: None,
             admin: None,
             http: None,
+            journal: Some(journal),
+            otlp: None,
             queue: true,
         }
+    }
+
+    /// `[journal]`: `key` set to `value` (the stream stays `<prefix>.journal`
+    /// unless set here).
+    pub fn journal(mut self, key: &str, value: impl Into<Value>) -> Self {
+        self.journal
+            .get_or_insert_with(Keys::default)
+            .set(key, value);
+        self
+    }
+
+    /// `[telemetry.otlp]` exporting to `endpoint`.
+    pub fn otlp(mut self, endpoint: &str) -> Self {
+        let mut table = Keys::default();
+        table.set("endpoint", endpoint);
+        self.otlp = Some(table);
+        self
     }
 
     /// A top-level key (`shutdown_timeout_ms`, `worker_threads`, ...).
@@ -586,6 +612,8 @@ impl Forwarder {
             ("sessions", &self.sessions),
             ("admin", &self.admin),
             ("ingress.http", &self.http),
+            ("journal", &self.journal),
+            ("telemetry.otlp", &self.otlp),
         ] {
             if let Some(table) = table {
                 let _ = writeln!(out, "\n[{title}]");

@@ -24,9 +24,9 @@ pub use submission::{Delivery, NotTaken};
 use super::admit::{Admission, admit, for_caller};
 use super::engine::held;
 use super::live::Live;
+use super::record::Recorder;
 use super::sessions::HttpSessions;
 use crate::envelope::Envelope;
-use crate::journal::Journal;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -64,8 +64,8 @@ impl Intake {
     }
 
     /// Where settled messages are recorded.
-    pub fn journal(&self) -> Journal {
-        self.live.common.journal.clone()
+    pub fn recorder(&self) -> Recorder {
+        self.live.common.recorder.clone()
     }
 
     /// Admits `envelope` under the live generation, leaving out the
@@ -84,7 +84,7 @@ impl Intake {
         if generation.blocked() {
             return Err(NotTaken::Blocked);
         }
-        if self.live.common.journal.holding() {
+        if self.live.common.recorder.holding() {
             return Err(NotTaken::Unrecorded);
         }
         let envelope = Arc::new(envelope);

@@ -118,11 +118,11 @@ impl Sessions {
             settler
                 .settle_with(&envelope, receipt, verdict, annotation(&id))
                 .await;
-            if generation.journal.wanted() {
-                let source = crate::pipeline::consume::source_of(&envelope);
+            if generation.recorder.wanted() {
+                let source = record::source_of(&envelope);
                 let mut entry = record::entry(&envelope, source, received_at, said, Vec::new());
                 entry.session = Some(id);
-                generation.journal.settled(entry);
+                generation.recorder.settled(entry);
             }
         };
         spawn_held(&self.tracker, &self.abandon, permit, settled);

@@ -241,7 +241,7 @@ impl SessionTask {
         said: impl Fn(usize) -> Said,
         result: impl Fn(usize, &BranchRun) -> &'static str,
     ) {
-        let journal = &self.session.generation.journal;
+        let journal = &self.session.generation.recorder;
         if !journal.wanted() {
             return;
         }
@@ -250,7 +250,7 @@ impl SessionTask {
                 .iter()
                 .map(|b| record::for_message(b.name(), result(index, b), b.trail(), index))
                 .collect();
-            let source = crate::pipeline::consume::source_of(envelope);
+            let source = record::source_of(envelope);
             let mut entry = record::entry(envelope, source, *received_at, said(index), steps);
             entry.session = Some(self.session.id.clone());
             journal.settled(entry);
@@ -282,13 +282,13 @@ impl SessionTask {
                 .settler
                 .settle_with(&arrival.envelope, arrival.receipt, verdict, annotation(id))
                 .await;
-            if generation.journal.wanted() {
+            if generation.recorder.wanted() {
                 let envelope = &arrival.envelope;
-                let source = crate::pipeline::consume::source_of(envelope);
+                let source = record::source_of(envelope);
                 let mut entry =
                     record::entry(envelope, source, arrival.received_at, said, Vec::new());
                 entry.session = Some(id.clone());
-                generation.journal.settled(entry);
+                generation.recorder.settled(entry);
             }
         }
     }
