@@ -67,17 +67,24 @@ impl JournalChannel {
         }
     }
 
-    /// Writes one batch of `records` records and waits for its confirm.
-    pub async fn write(&mut self, body: &[u8], records: usize) -> Result<(), JournalWriteError> {
-        let channel = match &self.channel {
-            Some(channel) if channel.status().connected() => channel.clone(),
+    /// Opens the channel (declaring the stream) unless it is open: `Ok`
+    /// when a batch could be written now.
+    pub async fn ready(&mut self) -> Result<Channel, JournalWriteError> {
+        match &self.channel {
+            Some(channel) if channel.status().connected() => Ok(channel.clone()),
             _ => {
+                self.channel = None;
                 declare_journal_stream(&self.connector, &self.settings).await?;
                 let channel = self.connector.channel(true, WRITE_TIMEOUT).await?;
                 self.channel = Some(channel.clone());
-                channel
+                Ok(channel)
             }
-        };
+        }
+    }
+
+    /// Writes one batch of `records` records and waits for its confirm.
+    pub async fn write(&mut self, body: &[u8], records: usize) -> Result<(), JournalWriteError> {
+        let channel = self.ready().await?;
         let mut headers = FieldTable::default();
         headers.insert(
             BATCH_RECORDS.into(),

@@ -48,7 +48,9 @@ pub(crate) use health::EndpointHealth;
 pub(crate) use inbound::{ConsumeError, InboundChannel, Receipt, open_inbound};
 #[cfg(test)]
 pub(crate) use inbound::{Settled, SettledLog};
-pub(crate) use journal_channel::{BATCH_CONTENT_TYPE, BATCH_RECORDS, JournalChannel};
+pub(crate) use journal_channel::{
+    BATCH_CONTENT_TYPE, BATCH_RECORDS, JournalChannel, JournalWriteError,
+};
 pub(crate) use publisher::{Mode, PublishFailure, Publisher, Refusal};
 pub(crate) use registry::{Attempt, Health, Publish, Publishers};
 pub(crate) use topology::{

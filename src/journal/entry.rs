@@ -156,6 +156,8 @@ pub struct Entry {
     pub source: Source,
     /// Its session, if any.
     pub session: Option<Arc<str>>,
+    /// The broker delivered it before (to this instance or another).
+    pub redelivered: bool,
     /// Its trace.
     pub trace: Trace,
     /// When it arrived.

@@ -38,6 +38,9 @@ pub struct Record {
     /// The session it belongs to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
+    /// The broker had delivered it before (to this instance or another).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub redelivered: bool,
     /// The trace, 32 hex digits.
     pub trace_id: String,
     /// The forwarder's span for this message, 16 hex digits.
@@ -111,6 +114,7 @@ impl Record {
             error,
             http_status,
             session: entry.session.as_deref().map(str::to_owned),
+            redelivered: entry.redelivered,
             trace_id: entry.trace.trace_id_hex(),
             span_id: format!("{:016x}", entry.trace.span),
             received_at: rfc3339(entry.received_at),
@@ -210,6 +214,7 @@ mod tests {
             content: None,
             source: Source::Queue,
             session: None,
+            redelivered: false,
             trace: Trace::from_texts(
                 Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
                 None,

@@ -9,7 +9,7 @@
 use super::entry::Entry;
 use super::record::Record;
 use crate::backoff::Backoff;
-use crate::broker::{Connector, JournalChannel};
+use crate::broker::{Connector, JournalChannel, JournalWriteError};
 use crate::config;
 use crate::telemetry::Telemetry;
 use std::sync::Arc;
@@ -21,6 +21,10 @@ use tokio_util::sync::CancellationToken;
 pub const MAX_BATCH: usize = 500;
 /// A batch stops growing past this many bytes.
 const MAX_BATCH_BYTES: usize = 512 * 1024;
+/// How long the writer waits idle before it checks that it could write
+/// (so that `writable`, and a `hold`, follow the broker even when no
+/// record comes).
+const IDLE_CHECK: Duration = Duration::from_secs(1);
 
 /// The writer's end of the journal.
 pub(super) struct Writer {
@@ -50,6 +54,11 @@ impl Writer {
                     self.entries.close();
                     self.entries.recv().await
                 }
+                () = tokio::time::sleep(IDLE_CHECK) => {
+                    let ready = channel.ready().await.map(|_| ());
+                    self.reached(ready, &mut announced);
+                    continue;
+                }
             };
             let Some(first) = first else { break };
             body.clear();
@@ -66,27 +75,16 @@ impl Writer {
                 }
             }
             loop {
-                match channel.write(&body, records).await {
-                    Ok(()) => {
-                        self.telemetry.journal_written(records as u64);
-                        if !announced || backoff.failures() > 0 {
-                            announced = true;
-                            self.telemetry
-                                .journal_ready(&self.settings.stream, &self.settings.broker.name);
-                        }
-                        self.writable.send_replace(true);
-                        backoff.reset();
-                        break;
-                    }
-                    Err(why) => {
-                        let hold = self.settings.on_unavailable == config::OnUnavailable::Hold;
-                        self.telemetry.journal_unavailable(
-                            &self.settings.stream,
-                            &self.settings.broker.name,
-                            &why,
-                            hold,
-                        );
-                        self.writable.send_replace(false);
+                let written = channel.write(&body, records).await;
+                let ok = written.is_ok();
+                self.reached(written, &mut announced);
+                if ok {
+                    self.telemetry.journal_written(records as u64);
+                    backoff.reset();
+                    break;
+                }
+                {
+                    {
                         if self.stop.is_cancelled() {
                             let left = records + self.entries.len();
                             self.telemetry.journal_dropped(
@@ -106,6 +104,31 @@ impl Writer {
             }
         }
         self.finish(&mut channel).await;
+    }
+
+    /// Tells whether the stream could be reached (a write or an idle
+    /// check): `writable` follows, and a change is logged once.
+    fn reached(&self, result: Result<(), JournalWriteError>, announced: &mut bool) {
+        let (stream, broker) = (&self.settings.stream, &self.settings.broker.name);
+        let was_writable = *self.writable.borrow();
+        match result {
+            Ok(()) => {
+                if !*announced || !was_writable {
+                    *announced = true;
+                    self.telemetry.journal_ready(stream, broker);
+                }
+                self.writable.send_replace(true);
+            }
+            Err(why) => {
+                let hold = self.settings.on_unavailable == config::OnUnavailable::Hold;
+                // Once per outage: the first failure after the journal could write.
+                if was_writable {
+                    self.telemetry
+                        .journal_unavailable(stream, broker, &why, hold);
+                }
+                self.writable.send_replace(false);
+            }
+        }
     }
 
     async fn finish(&mut self, channel: &mut JournalChannel) {

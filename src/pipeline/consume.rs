@@ -412,7 +412,8 @@ impl Consumer {
                 Err(verdict) => (verdict, Vec::new()),
             };
             let journal = generation.recorder.clone();
-            let said = journal.wanted().then(|| record::said(&verdict));
+            let lost = receipt.lost().is_cancelled();
+            let said = journal.wanted().then(|| record::said_on(&verdict, lost));
             generation.settler.settle(&envelope, receipt, verdict).await;
             if let Some(said) = said {
                 let source = record::source_of(&envelope);

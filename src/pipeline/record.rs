@@ -110,6 +110,16 @@ pub(crate) fn for_message(
     }
 }
 
+/// What `verdict` says of a message whose inbound channel is `lost` or
+/// not: nothing can be settled on a lost channel, so the broker delivers
+/// the message again whatever the verdict.
+pub(crate) fn said_on(verdict: &Verdict, lost: bool) -> Said {
+    if lost {
+        return Said::Requeued;
+    }
+    said(verdict)
+}
+
 /// What `verdict` says of the message.
 pub(crate) fn said(verdict: &Verdict) -> Said {
     match verdict {
@@ -141,6 +151,7 @@ pub(crate) fn entry(
         message_id,
         source,
         session: None,
+        redelivered: envelope.redelivered,
         trace: envelope.annotations.trace.clone(),
         received_at,
         settled_at: SystemTime::now(),

@@ -23,6 +23,7 @@ pub mod counting;
 pub mod harness;
 pub mod http;
 pub mod ingress;
+pub mod journal;
 pub mod node;
 pub mod polling;
 pub mod procfs;
