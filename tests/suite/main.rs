@@ -74,6 +74,9 @@ mod http_ingress;
 #[path = "../http_sessions.rs"]
 mod http_sessions;
 
+#[path = "../journal.rs"]
+mod journal;
+
 #[path = "../logs.rs"]
 mod logs;
 

@@ -585,6 +585,14 @@ impl Forwarder {
             keys.write(&mut out);
         }
         out.push_str(&self.routing_toml());
+        // In the whole file only: a routing part is appended to a top
+        // written by `toml` too, and a table may be written once.
+        for (title, table) in [("journal", &self.journal), ("telemetry.otlp", &self.otlp)] {
+            if let Some(table) = table {
+                let _ = writeln!(out, "\n[{title}]");
+                table.write(&mut out);
+            }
+        }
         out
     }
 
@@ -612,8 +620,6 @@ impl Forwarder {
             ("sessions", &self.sessions),
             ("admin", &self.admin),
             ("ingress.http", &self.http),
-            ("journal", &self.journal),
-            ("telemetry.otlp", &self.otlp),
         ] {
             if let Some(table) = table {
                 let _ = writeln!(out, "\n[{title}]");
