@@ -77,6 +77,12 @@ mod http_sessions;
 #[path = "../journal.rs"]
 mod journal;
 
+#[path = "../journal_instances.rs"]
+mod journal_instances;
+
+#[path = "../journal_outage.rs"]
+mod journal_outage;
+
 #[path = "../logs.rs"]
 mod logs;
 

@@ -1,0 +1,122 @@
+//! The journal's broker down and back, on a private node (forwarding runs
+//! on the shared broker): with `on_unavailable = "drop"` forwarding goes
+//! on and the records it could not keep are counted; with `"hold"` nothing
+//! is taken while the journal cannot be written, and everything is
+//! forwarded, and recorded, once it can.
+
+use crate::support;
+
+use lapin::BasicProperties;
+use std::time::Duration;
+use support::config::Forwarder;
+use support::harness::InProcess;
+use support::journal::records;
+use support::node::PrivateNode;
+use support::{
+    DEFAULT_TIMEOUT, Metrics, TestBroker, delete_all_with_prefix, unique_prefix, wait_until,
+};
+
+/// The seed's shape on the shared broker, its journal on `journal_url`
+/// with `on_unavailable` and a small buffer.
+fn config(p: &str, journal_url: &str, on_unavailable: &str) -> String {
+    Forwarder::new(p)
+        .broker("j", journal_url)
+        .seed(p)
+        .journal("broker", "j")
+        .journal("on_unavailable", on_unavailable)
+        .journal("buffer", 20u32)
+        .toml()
+}
+
+fn metric(forwarder: &InProcess, name: &str) -> f64 {
+    Metrics::parse(&forwarder.telemetry().render()).value(name, &[])
+}
+
+async fn publish(broker: &TestBroker, p: &str, ids: std::ops::Range<u32>) {
+    for i in ids {
+        let id = format!("{p}-{i}");
+        let props = BasicProperties::default().with_message_id(id.as_str().into());
+        broker
+            .publish("", &format!("{p}.in"), id.as_bytes(), props)
+            .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_journals_broker_down_drops_or_holds_as_configured() {
+    let node = PrivateNode::start().await;
+    let drop_p = unique_prefix("journal-drop");
+    let hold_p = unique_prefix("journal-hold");
+    let broker = TestBroker::connect(&drop_p).await;
+    let drop_toml = config(&drop_p, &node.amqp_url(), "drop");
+    let hold_toml = config(&hold_p, &node.amqp_url(), "hold");
+    let dropping = InProcess::start_consuming(&drop_toml, &broker, &format!("{drop_p}.in")).await;
+    let holding = InProcess::start_consuming(&hold_toml, &broker, &format!("{hold_p}.in")).await;
+
+    // Both journals write while their broker is up.
+    publish(&broker, &drop_p, 0..5).await;
+    publish(&broker, &hold_p, 0..5).await;
+    records(&drop_toml, &format!("{drop_p}-4"), 1).await;
+    records(&hold_toml, &format!("{hold_p}-4"), 1).await;
+
+    node.stop_app().await;
+    for forwarder in [&dropping, &holding] {
+        wait_until(
+            "the journal is known unwritable",
+            DEFAULT_TIMEOUT,
+            || async { metric(forwarder, "switchyard_journal_writable") == 0.0 },
+        )
+        .await;
+    }
+    publish(&broker, &drop_p, 5..205).await;
+    publish(&broker, &hold_p, 5..105).await;
+
+    // Drop: forwarding goes on, and what the buffer could not hold is counted.
+    broker
+        .await_count(&format!("{drop_p}.service"), 205, DEFAULT_TIMEOUT)
+        .await;
+    broker
+        .await_count(&format!("{drop_p}.logging"), 205, DEFAULT_TIMEOUT)
+        .await;
+    wait_until("the drops are counted", DEFAULT_TIMEOUT, || async {
+        metric(&dropping, "switchyard_journal_dropped_total") >= 150.0
+    })
+    .await;
+    let dropped = metric(&dropping, "switchyard_journal_dropped_total");
+    assert!(
+        dropped <= 200.0,
+        "only records of the outage dropped: {dropped}"
+    );
+
+    // Hold: nothing is forwarded or acked while the journal is down. How
+    // long the broker stays down is the test's choice, not a condition.
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(broker.queue_len(&format!("{hold_p}.service")).await, 5);
+        assert_eq!(broker.queue_len(&format!("{hold_p}.logging")).await, 5);
+    }
+
+    node.start_app().await;
+    broker
+        .await_count(&format!("{hold_p}.service"), 105, Duration::from_secs(60))
+        .await;
+    broker
+        .await_count(&format!("{hold_p}.logging"), 105, DEFAULT_TIMEOUT)
+        .await;
+    for i in [5, 55, 104] {
+        let found = records(&hold_toml, &format!("{hold_p}-{i}"), 1).await;
+        assert_eq!(found[0]["verdict"], "acked");
+    }
+    assert_eq!(metric(&holding, "switchyard_journal_dropped_total"), 0.0);
+    // The dropping journal writes again once its broker is back.
+    publish(&broker, &drop_p, 205..206).await;
+    records(&drop_toml, &format!("{drop_p}-205"), 1).await;
+
+    dropping.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    holding.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    for p in [&drop_p, &hold_p] {
+        assert_eq!(broker.queue_len(&format!("{p}.dlq")).await, 0);
+        delete_all_with_prefix(p).await;
+    }
+    node.stop().await;
+}
