@@ -12,7 +12,7 @@ use serde_json::Value;
 use support::config::{Branch, Endpoint, Filter, Forwarder};
 use support::harness::InProcess;
 use support::ingress::{start_ingress, stop_clean};
-use support::journal::{attempts, records, result, trace};
+use support::journal::{attempts, records, result, switchyard, trace};
 use support::sessions::{END, ID, SEQ, publish_to};
 use support::{DEFAULT_TIMEOUT, TestBroker, delete_all_with_prefix, unique_prefix};
 use switchyard::Options;
@@ -285,6 +285,43 @@ async fn a_session_replay_is_recorded_on_each_message() {
         ["service:returned:312", "service_backup:confirmed"]
     );
     assert_eq!(attempts(&third[0], "logging"), ["logging:confirmed"]);
+
+    forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    delete_all_with_prefix(&p).await;
+}
+
+/// A dead letter republished by the forwarder carries its trace, and
+/// `dlq inspect` shows the trace id, which `trace` then finds.
+#[tokio::test]
+async fn dlq_inspect_shows_each_dead_letters_trace_id() {
+    let p = unique_prefix("journal-dlq");
+    let broker = TestBroker::connect(&p).await;
+    let toml = Forwarder::new(&p)
+        .mode("republish")
+        .endpoint(Endpoint::queue("service", &format!("{p}.missing")).undeclared())
+        .filter("all", Filter::match_all())
+        .branch(Branch::new("service", "all", "service"))
+        .toml();
+    let inbound = format!("{p}.in");
+    let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
+    broker
+        .publish("", &inbound, b"lost", with_id("lost-1", &[]))
+        .await;
+    broker
+        .await_count(&format!("{p}.dlq"), 1, DEFAULT_TIMEOUT)
+        .await;
+    let found = records(&toml, "lost-1", 1).await;
+    let trace_id = found[0]["trace_id"].as_str().unwrap_or_default().to_owned();
+    assert_eq!(found[0]["verdict"], "dead-lettered");
+
+    let inspected = switchyard(&toml, &["dlq", "inspect", "--json"]).await;
+    let stdout = String::from_utf8_lossy(&inspected.stdout);
+    let letter: Value = serde_json::from_str(stdout.lines().next().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    assert_eq!(letter["trace_id"], trace_id.as_str());
+    let table = switchyard(&toml, &["dlq", "inspect"]).await;
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains(&format!("trace: {trace_id}")), "{table}");
 
     forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
     delete_all_with_prefix(&p).await;

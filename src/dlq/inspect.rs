@@ -194,6 +194,9 @@ fn details(r: &Record, now_ms: i64) -> Vec<String> {
             d.queue.as_deref().unwrap_or("?"),
         ));
     }
+    if let Some(trace_id) = &r.trace_id {
+        lines.push(format!("trace: {trace_id}"));
+    }
     if !r.producer_annotations.is_empty() {
         lines.push(format!(
             "not the forwarder's (a producer's headers, ignored): {}",

@@ -99,6 +99,9 @@ pub struct Record {
     pub producer_annotations: Vec<&'static str>,
     /// `x-death`, newest first.
     pub deaths: Vec<Death>,
+    /// The trace it belongs to (its `traceparent`), 32 hex digits: the
+    /// key to `switchyard trace` and to a tracing backend.
+    pub trace_id: Option<String>,
     /// The body's length in bytes.
     pub body_bytes: usize,
     /// The first [`PREVIEW_BYTES`] of the body, printable.
@@ -172,6 +175,7 @@ impl Record {
             error,
             failed,
             delivered: names(header(wire::DELIVERED)),
+            trace_id: trace_id(message),
             source_queue: text(wire::SOURCE_QUEUE).or_else(|| newest.and_then(|d| d.queue.clone())),
             dead_lettered_at_ms,
             annotated,
@@ -249,6 +253,7 @@ impl Record {
             "x_death": deaths,
             "note": self.note(),
             "producer_annotations": self.producer_annotations,
+            "trace_id": self.trace_id,
             "body_bytes": self.body_bytes,
             "body_preview": self.body_preview,
         })
@@ -711,4 +716,11 @@ endpoint = "l1"
         assert_eq!(printable(b"a\tb\r\nc"), "a.b..c");
         assert_eq!(printable(&[0xff, b'x']), "\u{fffd}x");
     }
+}
+
+/// The trace id of `message`'s `traceparent`, when it carries a valid one
+/// (the forwarder's on a republished dead letter, the producer's otherwise).
+fn trace_id(message: &Envelope) -> Option<String> {
+    let trace = wire::Trace::from_headers(message.headers());
+    trace.parent.map(|_| trace.trace_id_hex())
 }

@@ -323,6 +323,7 @@ mod tests {
             dead_lettered_at_ms: at,
             annotated: true,
             producer_annotations: Vec::new(),
+            trace_id: None,
             deaths: Vec::new(),
             body_bytes: 0,
             body_preview: String::new(),

@@ -177,6 +177,17 @@ impl Settler {
         let endpoints = verdict.failed_endpoints().map(Option::unwrap_or_default);
         headers.push((wire::FAILED_ENDPOINTS.into(), text_array(endpoints)));
         headers.extend(extra.iter().cloned());
+        // The message's trace (its producer's, or the one the forwarder
+        // started), under the forward's span: `dlq inspect` shows it.
+        let trace = &envelope.annotations.trace;
+        headers.push((
+            wire::TRACEPARENT.into(),
+            AmqpValue::LongString(
+                trace
+                    .child(trace.span, trace.sampled.unwrap_or(true))
+                    .into(),
+            ),
+        ));
         // A dead letter is not a forward: it keeps the hops it came with.
         headers.push((
             wire::HOPS.into(),
