@@ -29,25 +29,28 @@ impl Traced {
     }
 }
 
-/// Runs `switchyard trace ID` on a file holding `toml`, with `args` after
-/// it (`--json` for [`Traced::records`]).
-pub async fn trace(toml: &str, id: &str, args: &[&str]) -> Traced {
-    let dir = std::env::temp_dir().join(format!("sy-trace-{}", uuid::Uuid::new_v4()));
+/// Runs `switchyard ARGS --config FILE`, the file holding `toml`.
+pub async fn switchyard(toml: &str, args: &[&str]) -> std::process::Output {
+    let dir = std::env::temp_dir().join(format!("sy-cli-{}", uuid::Uuid::new_v4()));
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
     let path = dir.join("switchyard.toml");
     std::fs::write(&path, toml).unwrap_or_else(|e| panic!("{e}"));
     let mut command = clean_command();
-    command
-        .arg("trace")
-        .arg(id)
-        .arg("--config")
-        .arg(&path)
-        .args(args);
+    command.args(args).arg("--config").arg(&path);
     let output = tokio::task::spawn_blocking(move || command.output())
         .await
         .unwrap_or_else(|e| panic!("{e}"))
-        .unwrap_or_else(|e| panic!("cannot run switchyard trace: {e}"));
+        .unwrap_or_else(|e| panic!("cannot run switchyard: {e}"));
     let _ = std::fs::remove_dir_all(&dir);
+    output
+}
+
+/// Runs `switchyard trace ID` on a file holding `toml`, with `args` after
+/// it (`--json` for [`Traced::records`]).
+pub async fn trace(toml: &str, id: &str, args: &[&str]) -> Traced {
+    let mut all = vec!["trace", id];
+    all.extend_from_slice(args);
+    let output = switchyard(toml, &all).await;
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     let records = if args.contains(&"--json") {
         stdout
