@@ -191,6 +191,11 @@ impl Client {
         result
     }
 
+    /// Closes the connection (a POST was given up on while it waited).
+    pub fn abandon(&mut self) {
+        self.open = None;
+    }
+
     async fn post_once(&mut self, body: Bytes) -> Result<Accepted, ExportError> {
         let sender = match &mut self.open {
             Some((sender, _)) if !sender.is_closed() => sender,

@@ -57,6 +57,11 @@ impl Exporter {
                 None => Instant::now() + TIMEOUT,
             };
             self.send(&mut client, batch, until).await;
+            let closed_meanwhile = *self.closing.borrow();
+            if let (None, Some(at)) = (deadline, closed_meanwhile) {
+                deadline = Some(at);
+                self.entries.close();
+            }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 break;
             }
@@ -129,7 +134,19 @@ impl Exporter {
             resource_spans: vec![span::resource_spans(&self.resource, spans)],
         };
         let body = Bytes::from(request.encode_to_vec());
-        match client.post(body, until).await {
+        let mut closing_rx = self.closing.clone();
+        let result = tokio::select! {
+            result = client.post(body, until) => result,
+            // close() came while this POST waited: it has until then.
+            () = async {
+                let at = closing(&mut closing_rx).await;
+                tokio::time::sleep_until(at).await;
+            } => Err(ExportError::TimedOut),
+        };
+        if result.is_err() {
+            client.abandon();
+        }
+        match result {
             Ok(Accepted { rejected, message }) => {
                 let rejected = rejected.min(n);
                 self.telemetry.spans_exported(n - rejected);

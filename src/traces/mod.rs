@@ -17,14 +17,15 @@ mod collector;
 mod export;
 pub mod span;
 
-pub use collector::{ExportError, Target};
-pub use export::{LINGER, MAX_BATCH, TIMEOUT};
-
 use crate::config::Otlp;
 use crate::journal::Entry;
 use crate::telemetry::Telemetry;
-use crate::wire::Trace;
 use crate::wire::traceparent::sampled_at;
+pub use collector::{ExportError, Target};
+pub use export::{LINGER, MAX_BATCH, TIMEOUT};
+
+/// A message's place in its trace, as [`Entry::trace`] holds it.
+pub use crate::wire::Trace;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc::error::TrySendError;
