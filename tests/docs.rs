@@ -27,6 +27,7 @@ const MARKDOWN: &[&str] = &[
     "docs/guarantees.md",
     "docs/http-ingress.md",
     "docs/sessions.md",
+    "docs/journal-and-tracing.md",
     "docs/tests.md",
     "docker/README.md",
     "bench/README.md",

@@ -70,16 +70,19 @@ impl Telemetry {
         self.metrics.spans_exported.inc_by(n);
     }
 
-    /// `n` spans were dropped (`why`); logged at most once every ten seconds.
+    /// `n` spans were dropped (`why`): counted, and logged at most once
+    /// every ten seconds with the count since the last line.
     pub fn spans_dropped(&self, n: u64, why: &dyn std::fmt::Display) {
         let m = &self.metrics;
         m.spans_dropped.inc_by(n);
+        let since = m.spans_dropped_since.fetch_add(n, Ordering::Relaxed) + n;
         if once_every(
             &m.spans_dropped_logged_ms,
             self.now_ms(),
             DROPS_LOG_EVERY_MS,
         ) {
-            tracing::warn!(dropped = n, %why, "spans dropped");
+            m.spans_dropped_since.fetch_sub(since, Ordering::Relaxed);
+            tracing::warn!(dropped = since, %why, "spans dropped");
         }
     }
 }

@@ -160,6 +160,8 @@ pub(super) struct Metrics {
     pub(super) spans_exported: Counter,
     pub(super) spans_dropped: Counter,
     pub(super) spans_dropped_logged_ms: AtomicU64,
+    /// Spans dropped since the last `spans dropped` line.
+    pub(super) spans_dropped_since: AtomicU64,
     pub(super) started: Instant,
 }
 
@@ -197,6 +199,7 @@ impl Metrics {
             spans_exported: Counter::default(),
             spans_dropped: Counter::default(),
             spans_dropped_logged_ms: AtomicU64::new(0),
+            spans_dropped_since: AtomicU64::new(0),
             started: Instant::now(),
         };
         let untrusted: Family<HeaderLabels, Counter> = Family::default();

@@ -89,6 +89,9 @@ mod logs;
 #[path = "../loops_and_poison.rs"]
 mod loops_and_poison;
 
+#[path = "../otlp_export.rs"]
+mod otlp_export;
+
 #[path = "../outages.rs"]
 mod outages;
 

@@ -8,8 +8,9 @@
 //! client (`raw`) for messages a client library cannot be trusted to decode,
 //! CPU and memory readings from `/proc` (`procfs`) for measurements, a
 //! vhost and user of a test's own (`vhost::TestVhost`) for permission
-//! changes, copies counted by body or id (`tally`), and the crate root
-//! (`repo::root`).
+//! changes, copies counted by body or id (`tally`), a real OTLP/HTTP
+//! trace receiver that can answer errors or stall (`otlp`), and the crate
+//! root (`repo::root`).
 //!
 //! Every test names all of its queues, exchanges and connections with a
 //! `unique_prefix`, so tests can run in parallel and repeatedly against the
@@ -25,6 +26,7 @@ pub mod http;
 pub mod ingress;
 pub mod journal;
 pub mod node;
+pub mod otlp;
 pub mod polling;
 pub mod procfs;
 pub mod proxy;
