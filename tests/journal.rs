@@ -326,3 +326,83 @@ async fn dlq_inspect_shows_each_dead_letters_trace_id() {
     forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
     delete_all_with_prefix(&p).await;
 }
+
+/// The forwarder's hop in a distributed trace, end to end: a message with
+/// a producer's `traceparent` fails over on one branch; a real OTLP/HTTP
+/// receiver gets the forward span (child of the producer's span) and one
+/// span per publish attempt (children of the forward), with the RabbitMQ
+/// messaging attributes; each copy's `traceparent` names the span of the
+/// publish that made it.
+#[tokio::test]
+async fn the_hop_is_exported_as_spans_the_copies_point_at() {
+    use support::otlp::OtlpReceiver;
+    let p = unique_prefix("journal-otlp");
+    let broker = TestBroker::connect(&p).await;
+    let receiver = OtlpReceiver::start().await;
+    let toml = Forwarder::new(&p)
+        .endpoint(Endpoint::queue("primary", &format!("{p}.missing")).undeclared())
+        .endpoint(Endpoint::queue("backup", &format!("{p}.backup")))
+        .backup_list("backups", &["backup"])
+        .filter("all", Filter::match_all())
+        .branch(Branch::new("service", "all", "primary").backups("backups"))
+        .otlp(&receiver.endpoint())
+        .toml();
+    let inbound = format!("{p}.in");
+    let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
+    let producer = format!("00-{PRODUCER_TRACE}-{PRODUCER_SPAN}-01");
+    broker
+        .publish(
+            "",
+            &inbound,
+            b"o",
+            with_id("traced-1", &[("traceparent", &producer)]),
+        )
+        .await;
+    broker
+        .await_count(&format!("{p}.backup"), 1, DEFAULT_TIMEOUT)
+        .await;
+    let spans = receiver.wait_for_spans(3, DEFAULT_TIMEOUT).await;
+    let producer_trace = u128::from_str_radix(PRODUCER_TRACE, 16).unwrap_or_default();
+    let producer_span = u64::from_str_radix(PRODUCER_SPAN, 16).unwrap_or_default();
+    assert!(
+        spans.iter().all(|s| s.trace_id() == producer_trace),
+        "{spans:#?}"
+    );
+    let forward = spans
+        .iter()
+        .find(|s| s.parent() == Some(producer_span))
+        .unwrap_or_else(|| panic!("a forward span under the producer's: {spans:#?}"));
+    let publishes: Vec<_> = spans
+        .iter()
+        .filter(|s| s.parent() == Some(forward.span_id()))
+        .collect();
+    let outcomes: Vec<(Option<String>, Option<String>)> = publishes
+        .iter()
+        .map(|s| (s.attr("switchyard.endpoint"), s.attr("switchyard.outcome")))
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            (Some("primary".into()), Some("returned".into())),
+            (Some("backup".into()), Some("confirmed".into()))
+        ]
+    );
+    for s in &publishes {
+        assert_eq!(s.attr("messaging.system").as_deref(), Some("rabbitmq"));
+        assert_eq!(s.attr("switchyard.branch").as_deref(), Some("service"));
+        assert_eq!(s.attr("messaging.message.id").as_deref(), Some("traced-1"));
+    }
+    assert_eq!(
+        publishes[1]
+            .attr("messaging.rabbitmq.destination.routing_key")
+            .as_deref(),
+        Some(format!("{p}.backup").as_str())
+    );
+    let copy = broker.get_all(&format!("{p}.backup")).await;
+    let (trace_id, parent) = trace_of(&copy[0]);
+    assert_eq!(trace_id, PRODUCER_TRACE);
+    assert_eq!(parent, format!("{:016x}", publishes[1].span_id()));
+
+    forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    delete_all_with_prefix(&p).await;
+}

@@ -77,6 +77,7 @@ fn entry(id: &str, trace: Trace, attempts: Vec<Tried>) -> Entry {
         content: None,
         source: Source::Queue,
         session: None,
+        redelivered: false,
         trace,
         received_at: now,
         settled_at: now + Duration::from_millis(10),

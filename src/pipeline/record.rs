@@ -28,7 +28,7 @@ impl Recorder {
     pub(crate) fn new(settings: &Settings, telemetry: &Telemetry) -> Self {
         Self {
             journal: Journal::new(settings.journal.as_ref(), &settings.name, telemetry),
-            spans: Spans::new(settings.otlp.as_ref(), telemetry),
+            spans: Spans::new(settings.otlp.as_ref(), &settings.name, telemetry),
         }
     }
 

@@ -58,6 +58,7 @@ fn failed_over() -> Entry {
         content: None,
         source: Source::Queue,
         session: Some(Arc::from("s-1")),
+        redelivered: false,
         trace,
         received_at: at(1_000),
         settled_at: at(1_250),

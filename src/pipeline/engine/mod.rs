@@ -32,7 +32,6 @@ use crate::journal::Tried;
 use crate::routing::BranchPlan;
 use crate::telemetry::Telemetry;
 use crate::wire::Trace;
-use crate::wire::traceparent::sampled_at;
 use futures_util::future::join_all;
 use std::future::Future;
 use std::sync::Arc;
@@ -77,9 +76,7 @@ impl Engine {
     /// Whether a copy of a message in `trace` says it is sampled: as its
     /// producer said, or by the ratio for a new trace.
     pub fn sampled(&self, trace: &Trace) -> bool {
-        trace
-            .sampled
-            .unwrap_or_else(|| sampled_at(trace.trace_id, self.sample_ratio))
+        crate::traces::sampled(trace, self.sample_ratio)
     }
 
     /// The outage waits this engine counts in.
