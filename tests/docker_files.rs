@@ -706,3 +706,45 @@ fn the_dashboard_shows_only_documented_metrics() {
     }
     assert!(seen > 0, "the dashboard shows switchyard's metrics");
 }
+
+#[test]
+fn the_trace_backend_takes_the_forwarders_spans_and_shows_them() {
+    let stack = Stack::load();
+    let image = dockerfile();
+    let (_, _, _, settings) = switchyard_service(&stack, &image);
+    let jaeger = stack.service("jaeger");
+    let image_name = jaeger.get("image").map(text).unwrap_or_default();
+    assert!(
+        image_name.starts_with("jaegertracing/all-in-one:"),
+        "the trace backend is Jaeger's all-in-one image: {image_name}"
+    );
+    assert_eq!(
+        environment(jaeger)
+            .get("COLLECTOR_OTLP_ENABLED")
+            .map(String::as_str),
+        Some("true"),
+        "Jaeger takes OTLP"
+    );
+    assert!(
+        ports(jaeger)
+            .iter()
+            .any(|(_, container)| *container == 16686),
+        "Jaeger's UI is published: {:?}",
+        ports(jaeger)
+    );
+    let otlp = settings
+        .otlp
+        .as_ref()
+        .expect("the compose configuration exports spans ([telemetry.otlp])");
+    assert_eq!(
+        otlp.endpoint.trim_end_matches('/'),
+        "http://jaeger:4318",
+        "spans go to the jaeger service's OTLP/HTTP port"
+    );
+    let depends = stack
+        .service("switchyard")
+        .get("depends_on")
+        .and_then(|d| d.get("jaeger"));
+    assert!(depends.is_some(), "switchyard starts after jaeger");
+    assert!(settings.journal.is_some(), "the journal is on in the stack");
+}
