@@ -291,7 +291,8 @@ async fn a_session_replay_is_recorded_on_each_message() {
 }
 
 /// A dead letter republished by the forwarder carries its trace, and
-/// `dlq inspect` shows the trace id, which `trace` then finds.
+/// `dlq inspect` shows the trace id, which `trace` then finds; `dlq
+/// redrive` and the forward after it leave records in the same trace.
 #[tokio::test]
 async fn dlq_inspect_shows_each_dead_letters_trace_id() {
     let p = unique_prefix("journal-dlq");
@@ -322,6 +323,37 @@ async fn dlq_inspect_shows_each_dead_letters_trace_id() {
     let table = switchyard(&toml, &["dlq", "inspect"]).await;
     let table = String::from_utf8_lossy(&table.stdout);
     assert!(table.contains(&format!("trace: {trace_id}")), "{table}");
+
+    // Fixed and redriven: the redrive and the forward that follows it are
+    // recorded too, in the same trace.
+    broker.declare_queue(&format!("{p}.missing")).await;
+    let redriven = switchyard(&toml, &["dlq", "redrive"]).await;
+    assert!(redriven.status.success(), "{redriven:?}");
+    broker
+        .await_count(&format!("{p}.missing"), 1, DEFAULT_TIMEOUT)
+        .await;
+    let all = records(&toml, "lost-1", 3).await;
+    let story: Vec<(&str, &str)> = all
+        .iter()
+        .map(|r| {
+            (
+                r["source"].as_str().unwrap_or_default(),
+                r["verdict"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        story,
+        [
+            ("queue", "dead-lettered"),
+            ("redrive", "redriven"),
+            ("redrive", "acked")
+        ]
+    );
+    assert!(
+        all.iter().all(|r| r["trace_id"] == trace_id.as_str()),
+        "{all:?}"
+    );
 
     forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
     delete_all_with_prefix(&p).await;

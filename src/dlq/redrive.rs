@@ -23,13 +23,20 @@ use super::scan::{Scan, Selection, open, queue_side};
 use crate::broker::{DlqReader, RepublishError};
 use crate::config::Settings;
 use crate::envelope::Envelope;
-use crate::wire::Trust;
+use crate::journal::{BranchEntry, Entry, Journal, Said, Source};
+use crate::telemetry::Telemetry;
+use crate::wire::{Trace, Trust};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::future::Future;
 use std::io::Write;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use tokio_util::task::TaskTracker;
 
 /// Below this many messages in the queue no progress bar is drawn.
 const PROGRESS_FROM: u32 = 50;
+/// How long the journal gets, once the run ends, to write its records.
+const JOURNAL_BOUND: Duration = Duration::from_secs(5);
 
 /// Redrives the dead letters `selection` takes, in queue order; stops
 /// (an error saying what was done) when `interrupt` completes, checked
@@ -49,7 +56,15 @@ pub async fn redrive(
     let inbound = inbound.queue.as_str();
     let bar = progress_bar(progress, queued);
     let mut scan = Scan::new(settings, selection, queued);
+    // Each message put back leaves a record (`redriven`) in the journal.
+    let journal = match dry_run {
+        true => Journal::default(),
+        false => Journal::new(settings.journal.as_ref(), &settings.name, &Telemetry::new()),
+    };
+    let background = TaskTracker::new();
+    journal.start(&background);
     let mut pass = Pass {
+        journal: journal.clone(),
         inbound,
         // The redriving user, which the copies carry as `user_id`.
         user: settings.brokers.get(inbound_broker).and_then(|b| b.user()),
@@ -86,6 +101,8 @@ pub async fn redrive(
         bar.set_message(format!("{} redriven", pass.done.redriven));
     };
     bar.finish_and_clear();
+    journal.close(JOURNAL_BOUND).await;
+    background.close();
     let mut done = pass.done;
     done.counts = scan.counts;
     let finished = reader.finish().await;
@@ -120,6 +137,7 @@ fn progress_bar(progress: bool, queued: u32) -> ProgressBar {
 
 /// One run's settings and what it did so far.
 struct Pass<'a> {
+    journal: Journal,
     inbound: &'a str,
     user: Option<String>,
     dry_run: bool,
@@ -190,6 +208,7 @@ impl Pass<'_> {
             });
         }
         self.done.redriven += 1;
+        self.journal.settled(redriven(message, record, &only));
         Ok(())
     }
 
@@ -213,5 +232,30 @@ impl Pass<'_> {
             format!("removed {id}: every branch already holds it")
         };
         writeln!(out, "{line}").map_err(Stop::Output)
+    }
+}
+
+/// The journal's entry of a dead letter put back on the inbound queue for
+/// the branches `only` names (every branch when empty).
+fn redriven(message: &Envelope, record: &Record, only: &[String]) -> Entry {
+    let now = SystemTime::now();
+    Entry {
+        message_id: record.message_id.clone(),
+        content: record.message_id.is_none().then(|| message.content_uuid()),
+        source: Source::Redrive,
+        session: None,
+        redelivered: false,
+        trace: Trace::from_headers(message.headers()),
+        received_at: now,
+        settled_at: now,
+        said: Said::Redriven,
+        branches: only
+            .iter()
+            .map(|branch| BranchEntry {
+                branch: Arc::from(branch.as_str()),
+                result: "redriven",
+                attempts: Vec::new(),
+            })
+            .collect(),
     }
 }
