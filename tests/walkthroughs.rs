@@ -1,5 +1,5 @@
-//! The README's quick start, two-minute walkthrough and sessions
-//! walkthrough, and the `curl` walkthrough of `docs/http-ingress.md`, run
+//! The README's quick start, two-minute walkthrough, "What happened to
+//! message X?" and sessions walkthrough, and the `curl` walkthrough of `docs/http-ingress.md`, run
 //! as a reader runs them: each `sh` block of those sections as written,
 //! through the real `rabbitmqadmin`, `rabbitmqctl` and `curl`, from the
 //! repository's root, with the state the documents state checked after
@@ -527,6 +527,64 @@ async fn walkthrough(tour: &mut Tour) {
     start_clean(tour).await;
 }
 
+/// "What happened to message X?", from a clean start to a clean start:
+/// a failover, then `switchyard trace` in both forms.
+async fn journal_walkthrough(tour: &mut Tour) {
+    let b = blocks("What happened to message X?");
+    assert_eq!(
+        b.len(),
+        4,
+        "start, break and publish, trace, trace --json: {b:?}"
+    );
+    tour.start_forwarder(&b[0]).await;
+    tour.step(&b[1]);
+    tour.await_queues(
+        "2. the service copy failed over",
+        &[
+            ("service.primary", None),
+            ("service.backup", Some((1, 0))),
+            ("logging.primary", Some((1, 0))),
+            ("work.in", Some((0, 0))),
+        ],
+    )
+    .await;
+    // The record is written a moment after the message is acked.
+    let mut timeline = String::new();
+    wait_until("3. trace finds the order", STEP_TIMEOUT, || {
+        let out = tour.shell(&b[2]);
+        timeline = text(&out.stdout);
+        std::future::ready(out.status.success())
+    })
+    .await;
+    let quoted = &fenced_in("README.md", "What happened to message X?", "text")[0];
+    for needle in [
+        "switchyard  queue  acked",
+        "message order-4711  trace 0af7651916cd43dd8448eb211c80319c",
+        "primaryServiceQueue  returned (reply 312)",
+        "backupServiceQueue   confirmed",
+        "primaryLoggingQueue  confirmed",
+    ] {
+        assert!(quoted.contains(needle), "the README shows {needle:?}");
+        assert!(
+            timeline.contains(needle),
+            "3. trace prints {needle:?}:\n{timeline}"
+        );
+    }
+    let json = tour.step(&b[3]);
+    let record: Value = serde_json::from_str(json.trim())
+        .unwrap_or_else(|e| panic!("4. one JSON record ({e}): {json}"));
+    assert_eq!(record["verdict"], "acked");
+    assert_eq!(record["trace_id"], "0af7651916cd43dd8448eb211c80319c");
+    let copy =
+        tour.step("rabbitmqadmin -f pretty_json get queue=service.backup ackmode=ack_requeue_true");
+    assert!(
+        copy.contains("00-0af7651916cd43dd8448eb211c80319c-"),
+        "the copy carries the producer's trace on:\n{copy}"
+    );
+    tour.stop_forwarder().await;
+    start_clean(tour).await;
+}
+
 /// The sessions walkthrough, from a clean start to a clean start.
 async fn sessions_walkthrough(tour: &mut Tour) {
     let b = blocks("Sessions");
@@ -736,6 +794,7 @@ async fn the_walkthroughs_run_as_written_in_any_order() {
     quick_start(&mut tour).await;
     walkthrough(&mut tour).await;
     http_walkthrough(&mut tour).await;
+    journal_walkthrough(&mut tour).await;
     sessions_walkthrough(&mut tour).await;
     walkthrough(&mut tour).await;
     tour.finish().await;
