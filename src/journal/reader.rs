@@ -95,7 +95,7 @@ pub enum TraceError {
         uri: String,
         /// Why.
         #[source]
-        error: JournalReadError,
+        error: Box<JournalReadError>,
     },
     /// The records could not be written (exit 1).
     #[error("cannot write the output: {0}")]
@@ -167,7 +167,7 @@ pub async fn trace(
         stream: journal.stream.clone(),
         broker: journal.broker.name.clone(),
         uri: journal.broker.redacted_uri(),
-        error,
+        error: Box::new(error),
     };
     let reader = JournalReader::open(journal, &settings.name)
         .await
