@@ -1,5 +1,5 @@
-//! The command line: `run`, `check`, `dlq inspect` / `dlq redrive`, and how
-//! logs are written.
+//! The command line: `run`, `check`, `dlq inspect` / `dlq redrive`,
+//! `trace`, and how logs are written.
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
@@ -13,7 +13,7 @@ use switchyard::dlq::{DlqError, Format, Request, Selection};
 /// same filter table. With [admin] listen set it serves /healthz, /readyz
 /// and /metrics. It reloads the configuration on SIGHUP or a change of the
 /// file. `check` validates a configuration; `dlq` lists or redrives dead
-/// letters.
+/// letters; `trace` shows what happened to one message.
 #[derive(Debug, Parser)]
 #[command(name = "switchyard", version, about)]
 pub struct Cli {
@@ -92,6 +92,36 @@ pub enum Command {
     /// Look at or redrive the dead-letter queue (dead_letter.queue on the inbound broker).
     #[command(subcommand)]
     Dlq(Dlq),
+    /// Show what happened to one message, from the journal.
+    ///
+    /// Reads the journal stream ([journal] stream, on its broker) from
+    /// --since ago up to its end when the command started, and prints every
+    /// record whose message id or copy id is MESSAGE_ID, from every instance
+    /// that writes the stream, oldest first: when it was received and
+    /// settled, by which instance, from where (queue, http, redrive), the
+    /// verdict (acked, dead-lettered with its reason, requeued, the HTTP
+    /// answer), the trace id, and each branch with its attempts (time,
+    /// endpoint, outcome, reply code, how long it was held, replays). The
+    /// stream is only read, never written. A line of the journal that names
+    /// the id but is not a record is skipped, and counted on stderr.
+    ///
+    /// Exit codes: 0 found, 3 nothing found in the window read (stderr names
+    /// the id, the stream and the window), 2 invalid configuration or usage,
+    /// 1 the broker could not be reached or the stream read.
+    Trace {
+        /// The message_id, or a copy id (BRANCH:MESSAGE_ID), to look for.
+        #[arg(value_name = "MESSAGE_ID")]
+        message_id: String,
+        /// Configuration file [default: $SWITCHYARD_CONFIG, then config/switchyard.toml].
+        #[arg(long, value_name = "PATH")]
+        config: Option<PathBuf>,
+        /// How far back to read: a duration (30s, 90m, 24h, 7d) or an RFC 3339 time.
+        #[arg(long, value_name = "DURATION|RFC3339", default_value = "24h")]
+        since: String,
+        /// Print one JSON object per record (as the journal stores it) instead of a timeline.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// The `dlq` commands.

@@ -1,6 +1,7 @@
 //! The `switchyard` binary: parse the command line, load and validate the
 //! configuration before any I/O, then run or report. Exit codes: 0 success,
-//! 2 invalid configuration or usage, 1 any other failure.
+//! 2 invalid configuration or usage, 1 any other failure; `trace` exits 3
+//! when it finds nothing.
 //!
 //! `run` gives every thread a stack deep enough for the most deeply nested
 //! header a broker can send ([`THREAD_STACK`]) before it starts any, so no
@@ -13,9 +14,12 @@ use cli::{Cli, Command, LogFormat};
 use std::process::ExitCode;
 use switchyard::config::{self, Settings};
 use switchyard::destination::DeadLetter;
+use switchyard::journal::reader::{Request, TraceError};
 
 const EXIT_FAILURE: u8 = 1;
 const EXIT_USAGE: u8 = 2;
+/// `trace` found no record in the window it read.
+const EXIT_NOT_FOUND: u8 = 3;
 
 /// Stack size of every thread `run` starts: the runtime's workers and
 /// blocking threads, and (through [`STACK_ENV`]) lapin's I/O threads.
@@ -81,6 +85,25 @@ fn main() -> ExitCode {
             Ok((path, settings)) => dlq(&path, settings, command),
             Err(code) => code,
         },
+        Command::Trace {
+            message_id,
+            config,
+            since,
+            json,
+        } => {
+            let now = switchyard::journal::reader::now();
+            let request = match Request::new(&message_id, Some(&since), json, now) {
+                Ok(request) => request,
+                Err(e) => {
+                    eprintln!("switchyard: {e}");
+                    return ExitCode::from(EXIT_USAGE);
+                }
+            };
+            match load(config) {
+                Ok((path, settings)) => trace(&path, settings, &request),
+                Err(code) => code,
+            }
+        }
     }
 }
 
@@ -220,6 +243,56 @@ fn dlq(path: &std::path::Path, settings: Settings, command: cli::Dlq) -> ExitCod
         Ok(Err(e)) => failed(&e),
         Err(e) => {
             eprintln!("switchyard: the dlq task failed: {e}");
+            ExitCode::from(EXIT_FAILURE)
+        }
+    }
+}
+
+/// `trace`: the records on stdout, then on stderr how many lines were
+/// skipped and, when nothing was found, what was searched (exit 3).
+fn trace(path: &std::path::Path, settings: Settings, request: &Request) -> ExitCode {
+    let failed = |e: &TraceError| {
+        match e {
+            TraceError::Config(key) => eprintln!("switchyard: {}: {key}", path.display()),
+            _ => eprintln!("switchyard: {}", switchyard::errors::one_line(e)),
+        }
+        ExitCode::from(if e.is_usage() {
+            EXIT_USAGE
+        } else {
+            EXIT_FAILURE
+        })
+    };
+    let runtime = match runtime(&settings) {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("switchyard: cannot start the runtime: {e}");
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let request = request.clone();
+    let work = runtime.spawn(async move {
+        let mut out = std::io::stdout();
+        switchyard::journal::reader::trace(&settings, &request, progress, &mut out).await
+    });
+    match runtime.block_on(work) {
+        Ok(Ok(traced)) => {
+            if traced.skipped > 0 {
+                eprintln!(
+                    "switchyard: skipped {} line(s) of the journal that name \"{}\" but are not records",
+                    traced.skipped, traced.id
+                );
+            }
+            if traced.found == 0 {
+                eprintln!("switchyard: {traced}");
+                ExitCode::from(EXIT_NOT_FOUND)
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Ok(Err(e)) => failed(&e),
+        Err(e) => {
+            eprintln!("switchyard: the trace task failed: {e}");
             ExitCode::from(EXIT_FAILURE)
         }
     }

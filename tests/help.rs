@@ -92,7 +92,7 @@ fn temp_config(p: &str, toml: &str) -> std::path::PathBuf {
 
 #[test]
 fn the_commands_listed_are_the_commands_that_run() {
-    assert_eq!(listed_commands(&[]), ["run", "check", "dlq"]);
+    assert_eq!(listed_commands(&[]), ["run", "check", "dlq", "trace"]);
     assert_eq!(listed_commands(&["dlq"]), ["inspect", "redrive"]);
     for command in [
         &["run"][..],
@@ -178,6 +178,11 @@ fn dlq_commands_exit_with_the_codes_their_help_states() {
         let unreachable = switchyard(&["dlq", command, "--config", &config]);
         assert_eq!(unreachable.status.code(), Some(1), "{command}: no broker");
     }
+    assert_eq!(stated_exit_codes(&help(&["trace"])), [0, 3, 2, 1]);
+    let usage = switchyard(&["trace", "m-1", "--config", &config, "--since", "soon"]);
+    assert_eq!(usage.status.code(), Some(2), "trace: bad --since");
+    let unreachable = switchyard(&["trace", "m-1", "--config", &config]);
+    assert_eq!(unreachable.status.code(), Some(1), "trace: no broker");
     let _ = std::fs::remove_file(config);
 }
 

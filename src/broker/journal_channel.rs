@@ -11,7 +11,7 @@ use crate::config::Journal;
 use lapin::options::BasicPublishOptions;
 use lapin::{Channel, Confirmation};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// How long a batch may wait for its confirm, and a channel to open.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -90,8 +90,14 @@ impl JournalChannel {
             BATCH_RECORDS.into(),
             AmqpValue::LongLongInt(i64::try_from(records).unwrap_or(i64::MAX)),
         );
+        // When it was written: `switchyard trace` stops at a batch written
+        // after it started when it cannot learn the stream's tail.
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
         let properties = Properties::default()
             .with_content_type(BATCH_CONTENT_TYPE.into())
+            .with_timestamp(now)
             .with_delivery_mode(2)
             .with_headers(headers);
         let options = BasicPublishOptions {

@@ -15,6 +15,8 @@
 //! - `topology`: startup declarations and the dead-letter checks.
 //! - `dlq_reader`: the dead-letter queue read without removing, and
 //!   copies put back on the inbound queue, for `dlq inspect` / `redrive`.
+//! - `journal_reader`: the journal's stream read for `switchyard trace`:
+//!   checked, its tail found, followed from a point in time.
 //! - `error`: broker errors with their reply codes, classified by fault.
 //! - `health`: endpoint health, marked by publishers, read by deliveries.
 //! - `registry`: the publishers of one configuration by endpoint, behind
@@ -31,6 +33,7 @@ pub mod frame_size;
 mod health;
 mod inbound;
 mod journal_channel;
+mod journal_reader;
 mod publisher;
 mod registry;
 mod tls;
@@ -48,13 +51,11 @@ pub(crate) use health::EndpointHealth;
 pub(crate) use inbound::{ConsumeError, InboundChannel, Receipt, open_inbound};
 #[cfg(test)]
 pub(crate) use inbound::{Settled, SettledLog};
-pub(crate) use journal_channel::{
-    BATCH_CONTENT_TYPE, BATCH_RECORDS, JournalChannel, JournalWriteError,
-};
+pub(crate) use journal_channel::{BATCH_RECORDS, JournalChannel, JournalWriteError};
+pub use journal_reader::{Batch, Follower, JournalReadError, JournalReader};
 pub(crate) use publisher::{Mode, PublishFailure, Publisher, Refusal};
 pub(crate) use registry::{Attempt, Health, Publish, Publishers};
 pub(crate) use topology::{
-    TopologyError, declare_endpoint_queue, declare_journal_stream, prepare_inbound,
-    redeclare_inbound,
+    TopologyError, declare_endpoint_queue, prepare_inbound, redeclare_inbound,
 };
 pub(crate) use unreadable::SingleFile;

@@ -378,6 +378,13 @@ fn death(value: &AmqpValue) -> Option<Death> {
     })
 }
 
+/// The trace id of `message`'s `traceparent`, when it carries a valid one
+/// (the forwarder's on a republished dead letter, the producer's otherwise).
+fn trace_id(message: &Envelope) -> Option<String> {
+    let trace = wire::Trace::from_headers(message.headers());
+    trace.parent.map(|_| trace.trace_id_hex())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -716,11 +723,4 @@ endpoint = "l1"
         assert_eq!(printable(b"a\tb\r\nc"), "a.b..c");
         assert_eq!(printable(&[0xff, b'x']), "\u{fffd}x");
     }
-}
-
-/// The trace id of `message`'s `traceparent`, when it carries a valid one
-/// (the forwarder's on a republished dead letter, the producer's otherwise).
-fn trace_id(message: &Envelope) -> Option<String> {
-    let trace = wire::Trace::from_headers(message.headers());
-    trace.parent.map(|_| trace.trace_id_hex())
 }

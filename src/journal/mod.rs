@@ -15,6 +15,7 @@
 //! the journal and the trace tell one story.
 
 mod entry;
+pub mod reader;
 pub mod record;
 mod writer;
 

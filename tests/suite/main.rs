@@ -128,6 +128,9 @@ mod tls;
 #[path = "../topology.rs"]
 mod topology;
 
+#[path = "../trace_cmd.rs"]
+mod trace_cmd;
+
 #[path = "../trust.rs"]
 mod trust;
 

@@ -72,6 +72,8 @@ pub enum Role {
     Publish,
     /// Writing the journal.
     Journal,
+    /// Reading the journal (`switchyard trace`).
+    Trace,
 }
 
 impl Role {
@@ -81,6 +83,7 @@ impl Role {
             Self::Consume => "consume",
             Self::Publish => "publish",
             Self::Journal => "journal",
+            Self::Trace => "trace",
         }
     }
 }

@@ -134,6 +134,25 @@ pub async fn declare_journal_stream(
     Ok(())
 }
 
+/// Checks, creating nothing, that the journal's stream exists and is a
+/// stream: `Ok(false)` when no queue has its name; an existing stream is
+/// declared as `run` declares it (which changes nothing), so a queue of
+/// another type by that name is the mismatch `run` reports.
+pub async fn check_journal_stream(
+    connector: &Connector,
+    journal: &crate::config::Journal,
+) -> Result<bool, TopologyError> {
+    match operation::passive_queue(connector, &journal.stream).await {
+        Ok(_) => {}
+        Err(Op::Refused(404, _)) => return Ok(false),
+        Err(other) => {
+            return Err(other.into_error(&format!("journal.stream \"{}\"", journal.stream)));
+        }
+    }
+    declare_journal_stream(connector, journal).await?;
+    Ok(true)
+}
+
 /// Declares an endpoint's `declare_queue`, if it has one, with its type.
 pub async fn declare_endpoint_queue(
     connector: &Connector,
