@@ -64,9 +64,20 @@ async fn a_redelivered_messages_records_from_both_instances_come_in_one_answer()
     // The first instance loses its connections: what it held goes back,
     // recorded as requeued. Then it is killed.
     assert!(close_connections_named(&first_name).await >= 1);
-    let held = records(&second_toml, "m-0", 1).await;
-    assert_eq!(held[0]["instance"], first_name.as_str(), "{held:?}");
-    assert_eq!(held[0]["verdict"], "requeued");
+    let requeued =
+        |r: &serde_json::Value| r["instance"] == first_name.as_str() && r["verdict"] == "requeued";
+    wait_until(
+        "the first instance records m-0 as requeued",
+        DEFAULT_TIMEOUT,
+        || async {
+            trace(&second_toml, "m-0", &["--json"])
+                .await
+                .records
+                .iter()
+                .any(requeued)
+        },
+    )
+    .await;
     first.signal("KILL");
     assert_eq!(
         first.wait_exit(DEFAULT_TIMEOUT).await,
@@ -100,17 +111,23 @@ async fn a_redelivered_messages_records_from_both_instances_come_in_one_answer()
     );
 
     let both = records(&second_toml, "m-0", 2).await;
-    let instances: Vec<&str> = both
+    assert_eq!(both.len(), 2, "one record from each instance: {both:?}");
+    let settled: Vec<&str> = both
         .iter()
-        .map(|r| r["instance"].as_str().unwrap_or_default())
+        .map(|r| r["settled_at"].as_str().unwrap_or_default())
         .collect();
-    assert_eq!(
-        instances,
-        [first_name.as_str(), second_name.as_str()],
-        "in time order"
-    );
-    assert_eq!(both[1]["verdict"], "acked");
-    assert_eq!(both[1]["redelivered"], true);
+    assert!(settled[0] <= settled[1], "in time order: {settled:?}");
+    let first_record = both
+        .iter()
+        .find(|r| requeued(r))
+        .unwrap_or_else(|| panic!("the first instance's record: {both:?}"));
+    assert_eq!(first_record["source"], "queue");
+    let second_record = both
+        .iter()
+        .find(|r| r["instance"] == second_name.as_str())
+        .unwrap_or_else(|| panic!("the second instance's record: {both:?}"));
+    assert_eq!(second_record["verdict"], "acked");
+    assert_eq!(second_record["redelivered"], true);
     let human = trace(&second_toml, "m-0", &[]).await;
     assert!(
         human.stdout.contains(&first_name) && human.stdout.contains(&second_name),

@@ -109,6 +109,16 @@ async fn the_journals_broker_down_drops_or_holds_as_configured() {
     }
     assert_eq!(metric(&holding, "switchyard_journal_dropped_total"), 0.0);
     // The dropping journal writes again once its broker is back.
+    let within = Duration::from_secs(60);
+    let deadline = tokio::time::Instant::now() + within;
+    while metric(&dropping, "switchyard_journal_writable") != 1.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the dropping journal never wrote again: {}",
+            dropping.telemetry().render()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     publish(&broker, &drop_p, 205..206).await;
     records(&drop_toml, &format!("{drop_p}-205"), 1).await;
 

@@ -44,10 +44,10 @@ impl Journal {
     async fn named(test: &str) -> Self {
         let p = unique_prefix(test);
         let stream = format!("trace-{p}");
-        let toml = format!(
-            "{}\n[journal]\nstream = \"{stream}\"\n",
-            Forwarder::new(&p).seed(&p).toml()
-        );
+        let toml = Forwarder::new(&p)
+            .seed(&p)
+            .journal("stream", stream.as_str())
+            .toml();
         let config = std::env::temp_dir().join(format!("{p}-trace.toml"));
         std::fs::write(&config, toml).unwrap_or_else(|e| panic!("write config: {e}"));
         Self {

@@ -389,6 +389,22 @@ impl InboundChannel {
         self.channel.status().connected()
     }
 
+    /// Completes once the channel is no longer open, checked every
+    /// `every`: how a consumer that takes nothing for a while (an outage
+    /// held, publishers blocked, the journal on hold) still learns that its
+    /// channel is gone, so the transactions holding its receipts stop.
+    pub fn closed(&self, every: Duration) -> impl Future<Output = ()> + Send + 'static {
+        let channel = self.channel.clone();
+        async move {
+            loop {
+                tokio::time::sleep(every).await;
+                if !channel.status().connected() {
+                    return;
+                }
+            }
+        }
+    }
+
     /// Stops the broker from sending more (`basic.cancel`). Deliveries
     /// already buffered are never handed out and go back to the queue when
     /// the channel closes.

@@ -59,7 +59,12 @@ pub async fn redrive(
     // Each message put back leaves a record (`redriven`) in the journal.
     let journal = match dry_run {
         true => Journal::default(),
-        false => Journal::new(settings.journal.as_ref(), &settings.name, &Telemetry::new()),
+        false => Journal::new(
+            settings.journal.as_ref(),
+            &settings.name,
+            0,
+            &Telemetry::new(),
+        ),
     };
     let background = TaskTracker::new();
     journal.start(&background);

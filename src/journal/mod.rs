@@ -40,6 +40,9 @@ pub struct Journal {
 
 struct Inner {
     buffer: mpsc::Sender<Entry>,
+    /// The buffer's size: `buffer`, plus the work in flight with `hold`.
+    room: usize,
+    /// `buffer`: with `hold`, no new work is taken past half of it.
     capacity: usize,
     /// The writer's end, until the writer starts.
     waiting: Mutex<Option<writer::Writer>>,
@@ -55,12 +58,26 @@ struct Inner {
 
 impl Journal {
     /// A journal for `settings` (`None`: off), written as `instance`.
-    /// Nothing is connected until [`Self::start`].
-    pub fn new(settings: Option<&config::Journal>, instance: &str, telemetry: &Telemetry) -> Self {
+    /// With `on_unavailable = "hold"` the buffer has room for `in_flight`
+    /// more records than `buffer`: work already taken when the hold begins
+    /// is recorded, never dropped. Nothing is connected until
+    /// [`Self::start`].
+    pub fn new(
+        settings: Option<&config::Journal>,
+        instance: &str,
+        in_flight: usize,
+        telemetry: &Telemetry,
+    ) -> Self {
         let Some(settings) = settings else {
             return Self { inner: None };
         };
-        let (buffer, entries) = mpsc::channel(settings.buffer);
+        let hold = settings.on_unavailable == OnUnavailable::Hold;
+        let room = if hold {
+            settings.buffer.saturating_add(in_flight)
+        } else {
+            settings.buffer
+        };
+        let (buffer, entries) = mpsc::channel(room);
         let (writable_tx, writable) = watch::channel(true);
         let stop = CancellationToken::new();
         let stopped = CancellationToken::new();
@@ -76,10 +93,11 @@ impl Journal {
         Self {
             inner: Some(Arc::new(Inner {
                 buffer,
+                room,
                 capacity: settings.buffer,
                 waiting: Mutex::new(Some(writer)),
                 writable,
-                hold: settings.on_unavailable == OnUnavailable::Hold,
+                hold,
                 stop,
                 stopped,
                 telemetry: telemetry.clone(),
@@ -132,7 +150,7 @@ impl Journal {
     pub fn holding(&self) -> bool {
         match &self.inner {
             Some(inner) if inner.hold => {
-                let used = inner.capacity - inner.buffer.capacity();
+                let used = inner.room - inner.buffer.capacity();
                 !*inner.writable.borrow() || used * 2 > inner.capacity
             }
             _ => false,

@@ -45,6 +45,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+/// How often a consumer that is not reading checks that its channel is
+/// still open.
+const CLOSED_CHECK: Duration = Duration::from_millis(250);
+
 /// What the consume loop acts on.
 enum Event {
     Shutdown,
@@ -288,6 +292,10 @@ impl Consumer {
         // One registration with the token for the whole channel, not two per message.
         let stopping = shutdown.cancelled();
         tokio::pin!(stopping);
+        // While nothing is taken (an outage held, the journal on hold) the
+        // channel is not read: its loss is watched for apart.
+        let closed = inbound.closed(CLOSED_CHECK);
+        tokio::pin!(closed);
         let queue = || inbound_queue(&self.live.current());
         loop {
             let next = async {
@@ -301,6 +309,10 @@ impl Consumer {
                 // A gone connector (`Err`) leaves too: its connection goes with it.
                 _ = moves.changed() => return Event::Moved,
                 reload = next_reload(reloads) => return Event::Reload(Box::new(reload)),
+                () = &mut closed => {
+                    self.telemetry.consumer_lost(&queue(), "channel closed");
+                    return Event::Lost;
+                }
                 next = next => next,
             };
             let Ok(permit) = permit else {
@@ -308,6 +320,18 @@ impl Consumer {
             };
             match next {
                 Some(Ok((envelope, receipt))) => {
+                    // A message that came while the consumer waited idle,
+                    // as the journal stopped taking work (`hold`): it waits
+                    // here, unforwarded, until the journal can record it.
+                    let recorder = &self.live.common.recorder;
+                    if recorder.holding() {
+                        tokio::select! {
+                            biased;
+                            () = &mut stopping => return Event::Shutdown,
+                            () = &mut closed => return Event::Lost,
+                            () = recorder.until_taking() => {}
+                        }
+                    }
                     self.dispatch(envelope, receipt, permit);
                     if inbound.returned_passed() {
                         return Event::Widen;

@@ -27,7 +27,12 @@ impl Recorder {
     /// The journal and span export `settings` ask for, as instance `name`.
     pub(crate) fn new(settings: &Settings, telemetry: &Telemetry) -> Self {
         Self {
-            journal: Journal::new(settings.journal.as_ref(), &settings.name, telemetry),
+            journal: Journal::new(
+                settings.journal.as_ref(),
+                &settings.name,
+                in_flight(settings),
+                telemetry,
+            ),
             spans: Spans::new(settings.otlp.as_ref(), &settings.name, telemetry),
         }
     }
@@ -63,6 +68,17 @@ impl Recorder {
     pub(crate) async fn close(&self, bound: Duration) {
         tokio::join!(self.journal.close(bound), self.spans.close(bound));
     }
+}
+
+/// The most messages taken and not yet settled at once: the inbound
+/// queue's prefetch and the HTTP ingress's requests in flight.
+fn in_flight(settings: &Settings) -> usize {
+    let queue = settings.inbound().map_or(0, |i| usize::from(i.prefetch));
+    let http = settings
+        .http
+        .as_ref()
+        .map_or(0, |h| h.max_in_flight as usize);
+    queue + http
 }
 
 /// The branches of `outcome` as the journal records them, taking the
