@@ -126,10 +126,18 @@ impl Progress {
                 .map(|b| b.deliver(run, None, &walk)),
         )
         .await;
-        Outcome {
-            branches,
-            trails: Vec::new(),
-        }
+        // The newest message's steps (its replays of earlier ones are
+        // theirs), for a caller that records this message alone.
+        let newest = run.len().saturating_sub(1);
+        let trails = self
+            .branches
+            .iter()
+            .map(|b| {
+                let steps = b.trail().iter().filter(|t| t.index as usize == newest);
+                steps.cloned().collect()
+            })
+            .collect();
+        Outcome { branches, trails }
     }
 
     /// Takes the messages out, for settling, with the branches.
