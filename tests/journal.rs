@@ -155,6 +155,24 @@ async fn failovers_and_a_dead_letter_are_found_by_trace_with_every_attempt() {
     for word in ["service_backup", "nacked", "returned", "312", "acked"] {
         assert!(human.stdout.contains(word), "{word} in {}", human.stdout);
     }
+    // A malformed traceparent starts a new trace, counted.
+    broker
+        .publish(
+            "",
+            &inbound,
+            b"odd",
+            with_id("odd-1", &[("traceparent", "00-not-a-trace")]),
+        )
+        .await;
+    let odd = records(&toml, "odd-1", 1).await;
+    let odd_trace = odd[0]["trace_id"].as_str().unwrap_or_default();
+    assert_eq!(odd_trace.len(), 32, "{odd:?}");
+    let metrics = support::Metrics::parse(&forwarder.telemetry().render());
+    assert_eq!(
+        metrics.value("switchyard_trace_context_malformed_total", &[]),
+        1.0
+    );
+
     let missing = trace(&toml, "order-0000", &["--json"]).await;
     assert_eq!(missing.code, Some(3), "{missing:?}");
     assert!(
@@ -435,6 +453,54 @@ async fn the_hop_is_exported_as_spans_the_copies_point_at() {
     assert_eq!(trace_id, PRODUCER_TRACE);
     assert_eq!(parent, format!("{:016x}", publishes[1].span_id()));
 
+    forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    delete_all_with_prefix(&p).await;
+}
+
+/// A queue that is not a stream under the journal's name: the forwarder
+/// forwards as ever, says the journal cannot write (and why, in its log),
+/// and leaves the queue as it was.
+#[tokio::test]
+async fn a_journal_name_taken_by_a_classic_queue_never_stops_forwarding() {
+    let p = unique_prefix("journal-classic");
+    let broker = TestBroker::connect(&p).await;
+    let journal = format!("{p}.journal");
+    broker.declare_queue(&journal).await;
+    broker
+        .publish("", &journal, b"someone else's", BasicProperties::default())
+        .await;
+    let toml = Forwarder::new(&p).seed(&p).toml();
+    let inbound = format!("{p}.in");
+    let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
+    for i in 0..20 {
+        broker
+            .publish("", &inbound, b"w", with_id(&format!("w-{i}"), &[]))
+            .await;
+    }
+    broker
+        .await_count(&format!("{p}.service"), 20, DEFAULT_TIMEOUT)
+        .await;
+    broker
+        .await_count(&format!("{p}.logging"), 20, DEFAULT_TIMEOUT)
+        .await;
+    support::wait_until(
+        "the journal is known unwritable",
+        DEFAULT_TIMEOUT,
+        || async {
+            support::Metrics::parse(&forwarder.telemetry().render())
+                .value("switchyard_journal_writable", &[])
+                == 0.0
+        },
+    )
+    .await;
+    assert_eq!(
+        broker.queue_len(&journal).await,
+        1,
+        "the queue is left as it was"
+    );
+    let traced = trace(&toml, "w-0", &[]).await;
+    assert_ne!(traced.code, Some(0), "{traced:?}");
+    assert!(traced.stderr.contains("stream"), "{}", traced.stderr);
     forwarder.stop().await.unwrap_or_else(|e| panic!("{e}"));
     delete_all_with_prefix(&p).await;
 }

@@ -172,6 +172,20 @@ fn valid_max_age(age: &str) -> bool {
         && digits.bytes().any(|b| b != b'0')
 }
 
+/// Whether `authority` is `host` or `host:port`, as the exporter connects
+/// to it: no credentials, a numeric port, no spaces.
+fn collector_authority(authority: &str) -> bool {
+    let (host, port) = match authority.rsplit_once(':') {
+        // An IPv6 literal without a port: `[::1]`.
+        Some((_, port)) if port.ends_with(']') => (authority, None),
+        Some((host, port)) => (host, Some(port)),
+        None => (authority, None),
+    };
+    !host.is_empty()
+        && !authority.contains(['@', ' ', '\t'])
+        && port.is_none_or(|p| !p.is_empty() && p.parse::<u16>().is_ok())
+}
+
 /// `[telemetry.otlp]`: `None` when absent or without an endpoint.
 pub(super) fn compile_otlp(raw: Option<&RawOtlp>) -> Result<Option<Otlp>, InvalidKey> {
     let Some(raw) = raw else {
@@ -184,8 +198,8 @@ pub(super) fn compile_otlp(raw: Option<&RawOtlp>) -> Result<Option<Otlp>, Invali
     let rest = endpoint
         .strip_prefix("http://")
         .or_else(|| endpoint.strip_prefix("https://"));
-    let host = rest.map(|r| r.split('/').next().unwrap_or_default());
-    if !host.is_some_and(|h| !h.is_empty() && !h.contains(char::is_whitespace)) {
+    let authority = rest.map(|r| r.split('/').next().unwrap_or_default());
+    if !authority.is_some_and(collector_authority) || endpoint.contains(['?', '#']) {
         return Err(InvalidKey::new(
             key("endpoint"),
             format!(
@@ -212,7 +226,31 @@ pub(super) fn compile_otlp(raw: Option<&RawOtlp>) -> Result<Option<Otlp>, Invali
 
 #[cfg(test)]
 mod tests {
-    use super::valid_max_age;
+    use super::{collector_authority, valid_max_age};
+
+    #[test]
+    fn a_collector_is_a_host_and_a_numeric_port_without_credentials() {
+        for good in [
+            "127.0.0.1:4318",
+            "jaeger:4318",
+            "collector",
+            "[::1]:4318",
+            "[::1]",
+        ] {
+            assert!(collector_authority(good), "{good}");
+        }
+        for bad in [
+            "",
+            ":4318",
+            "jaeger:port",
+            "jaeger:",
+            "user:pw@jaeger:4318",
+            "a b:1",
+            "h:99999",
+        ] {
+            assert!(!collector_authority(bad), "{bad}");
+        }
+    }
 
     #[test]
     fn ages_are_read_as_rabbitmq_reads_them() {

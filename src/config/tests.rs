@@ -1196,3 +1196,55 @@ fn the_http_ingress_settings_are_checked() {
         "tokens are never shown"
     );
 }
+
+#[test]
+fn a_bad_journal_or_otlp_setting_is_named_by_its_key() {
+    let cases = [
+        (
+            "[journal]\nbroker = \"elsewhere\"",
+            "journal.broker: unknown broker \"elsewhere\"",
+        ),
+        (
+            "[journal]\nmax_age = \"7 days\"",
+            "journal.max_age: \"7 days\" is not a RabbitMQ age",
+        ),
+        (
+            "[journal]\non_unavailable = \"wait\"",
+            "journal.on_unavailable: \"wait\" is not one of",
+        ),
+        (
+            "[journal]\nbuffer = 0",
+            "journal.buffer: must be at least 1",
+        ),
+        (
+            "[journal]\nstream = \"\"",
+            "journal.stream: must be a queue name",
+        ),
+        (
+            "[telemetry.otlp]\nendpoint = \"localhost:4318\"",
+            "telemetry.otlp.endpoint: \"localhost:4318\" is not an http",
+        ),
+        (
+            "[telemetry.otlp]\nendpoint = \"http://jaeger:otlp\"",
+            "telemetry.otlp.endpoint:",
+        ),
+        (
+            "[telemetry.otlp]\nendpoint = \"http://u:p@jaeger:4318\"",
+            "telemetry.otlp.endpoint:",
+        ),
+        (
+            "[telemetry.otlp]\nendpoint = \"http://jaeger:4318\"\nsample_ratio = 1.5",
+            "telemetry.otlp.sample_ratio: 1.5 is not between",
+        ),
+    ];
+    for (table, expected) in cases {
+        let error = error_of(&format!("{BASE}\n{table}\n"));
+        assert!(error.contains(expected), "{table}: {error}");
+    }
+    let settings = load_str(
+        &format!("{BASE}\n[journal]\nenabled = false\n"),
+        "test.toml",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(settings.journal.is_none(), "a disabled journal is off");
+}
