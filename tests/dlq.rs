@@ -23,7 +23,7 @@ use support::{
 };
 
 /// The keys of every `dlq inspect --json` object (README, "Dead-letter queue").
-const JSON_KEYS: [&str; 14] = [
+const JSON_KEYS: [&str; 15] = [
     "message_id",
     "reason",
     "error",
@@ -36,6 +36,7 @@ const JSON_KEYS: [&str; 14] = [
     "x_death",
     "note",
     "producer_annotations",
+    "trace_id",
     "body_bytes",
     "body_preview",
 ];

@@ -234,10 +234,11 @@ impl BranchRun {
             };
             let publish = walk.engine.publish.as_ref();
             let outages = &walk.engine.outages;
+            let held_from = Instant::now();
             let ended = outages
                 .hold(publish, &self.plan, hold, walk.lost, deadline)
                 .await;
-            self.held(newest, &endpoint, hold.since.elapsed());
+            self.held(newest, &endpoint, held_from.elapsed());
             match ended {
                 HoldEnd::Recovered => {
                     telemetry.outage_retry(message_id, &self.plan.name);
