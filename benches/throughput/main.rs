@@ -32,6 +32,7 @@ use clap::Parser;
 use opts::Opts;
 use rows::{Ctx, Row};
 use support::harness::Process;
+use support::otlp::OtlpReceiver;
 use support::{NodeSetup, PrivateNode, delete_all_with_prefix, procfs, unique_prefix};
 use target::{SHOVEL_PLUGIN, Target, redact};
 
@@ -174,6 +175,11 @@ async fn bench(opts: Opts, run_prefix: String) -> Result<(), String> {
         forwarder_cpus: opts.split_cores.then(|| "1".to_owned()),
         callgrind: opts.instructions.then(std::env::temp_dir),
         against,
+        otlp: if rows.contains(&Row::F2T) {
+            Some(OtlpReceiver::counting().await)
+        } else {
+            None
+        },
     });
     if let Some(against) = &ctx.against {
         let p = format!("{run_prefix}-check");
@@ -288,6 +294,24 @@ async fn header(opts: &Opts, ctx: &Ctx, shovel_note: Option<String>) -> String {
              (benches/throughput/bare.rs), a process of its own"
                 .to_owned(),
         );
+    }
+    if opts
+        .rows()
+        .iter()
+        .any(|r| matches!(r, Row::F1 | Row::F2 | Row::F2T))
+    {
+        lines.push(
+            "- journal: on at its defaults in F1, F2 and F2T (a stream per run, removed after \
+             it), off in F2N"
+                .to_owned(),
+        );
+    }
+    if let Some(receiver) = &ctx.otlp {
+        lines.push(format!(
+            "- F2T: spans over OTLP/HTTP, sample_ratio 1.0, to {} (the test kit's receiver in \
+             this benchmark's process, decoding every request)",
+            receiver.endpoint()
+        ));
     }
     if let Some(against) = &ctx.against {
         lines.push(format!(

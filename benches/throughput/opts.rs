@@ -20,7 +20,7 @@ pub struct Opts {
     /// The forwarder's inbound.prefetch and the shovels' src-prefetch-count.
     #[arg(long, default_value_t = 1000)]
     pub(crate) prefetch: u32,
-    /// The rows of the main table (S, B1, B1H, F1, S2, 2S, F2) [default: all but B1H; S,B1,F1,F2 with --split-cores; S,F2 with --scale].
+    /// The rows of the main table (S, B1, B1H, F1, S2, 2S, F2N, F2, F2T) [default: all but B1H; S,B1,F1,F2 with --split-cores; S,F2 with --scale].
     #[arg(long, value_delimiter = ',')]
     pub(crate) rows: Vec<Row>,
     /// Body sizes (bytes) for F1 and F2 CPU per copy; 1024 reuses the main table's runs.

@@ -124,6 +124,95 @@ pub fn throughput(all: &[Outcome], rows: &[Row], size: usize, backlog: u64) -> S
         out.push('\n');
         out.push_str(&ratios);
     }
+    let costs = costs(all, size, backlog);
+    if !costs.is_empty() {
+        out.push('\n');
+        out.push_str(&costs);
+    }
+    out
+}
+
+/// What the journal and span export cost F2, against the goals:
+/// a ratio of rates, `numerator / denominator`, at least the goal if any.
+const COSTS: [(Row, Row, Option<f64>, &str); 3] = [
+    (Row::F2, Row::F2N, Some(0.95), "the journal (on / off)"),
+    (
+        Row::F2T,
+        Row::F2,
+        Some(0.90),
+        "span export (on / off, the journal on in both)",
+    ),
+    (Row::F2T, Row::F2N, None, "journal and export / neither"),
+];
+
+/// Each pair of [`COSTS`] that ran: its per-round msgs/s ratios (rows of
+/// one round ran minutes apart, in alternating order), their median and
+/// range, the goal met or not; then the spans F2T exported per message.
+fn costs(all: &[Outcome], size: usize, backlog: u64) -> String {
+    let msgs = |o: &Outcome| Some(o.msgs_per_sec());
+    let mut out = String::new();
+    for (a, b, goal, what) in COSTS {
+        let at = (size, backlog);
+        let ratios = paired(
+            all,
+            (a, Build::This),
+            (b, Build::This),
+            at,
+            &msgs,
+            &msgs,
+            |x, y| x / y,
+        );
+        let Some(mid) = median(ratios.clone()) else {
+            continue;
+        };
+        let low = ratios.iter().copied().fold(f64::MAX, f64::min);
+        let high = ratios.iter().copied().fold(f64::MIN, f64::max);
+        let each: Vec<String> = ratios.iter().map(|v| format!("{v:.3}")).collect();
+        let verdict = if let Some(goal) = goal {
+            let pass = if mid >= goal { "PASS" } else { "FAIL" };
+            format!(
+                "; goal ≥ {goal:.2} (a cost of at most {:.0}%): {pass}",
+                (1.0 - goal) * 100.0
+            )
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            out,
+            "- cost of {what}: {} / {}, msgs/s, median {mid:.3} (range {low:.3}–{high:.3}; by round {}){verdict}",
+            a.label(),
+            b.label(),
+            each.join(" "),
+        );
+    }
+    let spans = median(
+        runs(all, (Row::F2T, Build::This), size, backlog)
+            .iter()
+            .filter_map(|o| o.spans_per_msg())
+            .collect(),
+    );
+    if let Some(spans) = spans {
+        let _ = writeln!(
+            out,
+            "- F2T: {spans:.2} spans received per message (median; a forward and a publish per copy make 3, fewer means export dropped some)"
+        );
+    }
+    // The receiver decodes in this process: its CPU is the collector's,
+    // beside the poller's that every row has.
+    let own = |row: Row| {
+        let runs = runs(all, (row, Build::This), size, backlog);
+        median(
+            runs.iter()
+                .filter_map(|o| o.window.us_per_copy(Some(o.window.own_cpu)))
+                .collect(),
+        )
+    };
+    if let (Some(with), Some(without)) = (own(Row::F2T), own(Row::F2)) {
+        let _ = writeln!(
+            out,
+            "- the benchmark's own process (poller, and in F2T the receiver decoding the spans): {with:.1} µs/copy in F2T, {without:.1} in F2"
+        );
+    }
     out
 }
 
@@ -196,6 +285,26 @@ fn ratios(all: &[Outcome], size: usize, backlog: u64) -> String {
     line(
         "broker µs/copy F1 − B1H (the same, the headers carried by both)",
         per_round(Row::F1, Row::B1H, &broker, &broker, |x, y| x - y),
+    );
+    line(
+        "F2 / F2N, msgs/s (journal on / off)",
+        ratio(Row::F2, Row::F2N, &msgs, &msgs),
+    );
+    line(
+        "F2T / F2, msgs/s (span export on / off, the journal on in both)",
+        ratio(Row::F2T, Row::F2, &msgs, &msgs),
+    );
+    line(
+        "forwarder µs/copy F2 − F2N (the journal's work in the forwarder; a difference)",
+        per_round(Row::F2, Row::F2N, &forwarder, &forwarder, |x, y| x - y),
+    );
+    line(
+        "broker µs/copy F2 − F2N (the journal's stream writes in the broker; a difference)",
+        per_round(Row::F2, Row::F2N, &broker, &broker, |x, y| x - y),
+    );
+    line(
+        "forwarder µs/copy F2T − F2 (span export's work in the forwarder; a difference)",
+        per_round(Row::F2T, Row::F2, &forwarder, &forwarder, |x, y| x - y),
     );
     out
 }

@@ -21,6 +21,7 @@ use crate::support::config::Forwarder;
 use crate::support::harness::{
     Process, Wrap, declare_inbound, declare_inbound_quorum, wait_consumers,
 };
+use crate::support::otlp::OtlpReceiver;
 use crate::target::Target;
 use crate::window::{Mover, Watch, Window};
 
@@ -46,22 +47,40 @@ pub enum Row {
     S2,
     /// Two shovels side by side, each queue to queue.
     TwoS,
-    /// The forwarder, the seed scenario: two branches, each with a backup.
+    /// The forwarder, the seed scenario: two branches, each with a backup,
+    /// as shipped (the journal on, no span export).
     F2,
+    /// F2 with the journal off (`[journal] enabled = false`): what the
+    /// journal costs.
+    F2N,
+    /// F2 exporting spans over OTLP/HTTP at full sampling to a receiver in
+    /// the benchmark's process: what export costs.
+    F2T,
 }
 
 impl Row {
     /// The default run's rows, in the order of the table.
-    pub const DEFAULT: [Row; 6] = [Row::S, Row::B1, Row::F1, Row::S2, Row::TwoS, Row::F2];
+    pub const DEFAULT: [Row; 8] = [
+        Row::S,
+        Row::B1,
+        Row::F1,
+        Row::S2,
+        Row::TwoS,
+        Row::F2N,
+        Row::F2,
+        Row::F2T,
+    ];
     /// Every row, in the order of the table.
-    pub const ALL: [Row; 7] = [
+    pub const ALL: [Row; 9] = [
         Row::S,
         Row::B1,
         Row::B1H,
         Row::F1,
         Row::S2,
         Row::TwoS,
+        Row::F2N,
         Row::F2,
+        Row::F2T,
     ];
 
     pub fn label(self) -> &'static str {
@@ -73,6 +92,8 @@ impl Row {
             Row::S2 => "S2",
             Row::TwoS => "2S",
             Row::F2 => "F2",
+            Row::F2N => "F2N",
+            Row::F2T => "F2T",
         }
     }
 
@@ -85,6 +106,8 @@ impl Row {
             Row::S2 => "Shovel → fanout → 2 queues",
             Row::TwoS => "2 Shovels side by side",
             Row::F2 => "switchyard, seed: 2 branches + backups",
+            Row::F2N => "F2, journal off",
+            Row::F2T => "F2 + OTLP span export, all sampled",
         }
     }
 
@@ -92,11 +115,11 @@ impl Row {
     pub fn copies_per_msg(self) -> u64 {
         match self {
             Row::S | Row::B1 | Row::B1H | Row::F1 | Row::TwoS => 1,
-            Row::S2 | Row::F2 => 2,
+            Row::S2 | Row::F2 | Row::F2N | Row::F2T => 2,
         }
     }
 
-    /// switchyard's rows (those of the body-size sweep).
+    /// switchyard's rows of the body-size sweep and of `--against`.
     pub fn is_forwarder(self) -> bool {
         matches!(self, Row::F1 | Row::F2)
     }
@@ -114,7 +137,9 @@ impl FromStr for Row {
         Row::ALL
             .into_iter()
             .find(|r| r.label().eq_ignore_ascii_case(s.trim()))
-            .ok_or_else(|| format!("unknown row {s:?} (rows: S, B1, B1H, F1, S2, 2S, F2)"))
+            .ok_or_else(|| {
+                format!("unknown row {s:?} (rows: S, B1, B1H, F1, S2, 2S, F2N, F2, F2T)")
+            })
     }
 }
 
@@ -143,6 +168,9 @@ pub struct Ctx {
     pub callgrind: Option<std::path::PathBuf>,
     /// The other build of `--against`.
     pub against: Option<Against>,
+    /// F2T's collector: the kit's OTLP/HTTP receiver, counting the spans
+    /// it decodes, in this process; started when F2T is among the rows.
+    pub otlp: Option<OtlpReceiver>,
 }
 
 /// One run of one row.
@@ -167,6 +195,8 @@ pub struct Outcome {
     pub peak_rss_kib: Option<u64>,
     /// The forwarder's instructions, start to exit, under callgrind.
     pub instructions: Option<u64>,
+    /// Spans the OTLP receiver decoded, start to exit (F2T).
+    pub spans: Option<u64>,
     /// What the check after the run found wrong.
     pub notes: Vec<String>,
 }
@@ -198,6 +228,11 @@ impl Outcome {
         self.window.us_per_copy(self.window.broker_cpu)
     }
 
+    /// Spans exported per message of the backlog (F2T).
+    pub fn spans_per_msg(&self) -> Option<f64> {
+        Some(self.spans? as f64 / self.plan.backlog as f64)
+    }
+
     /// One progress line.
     pub fn line(&self) -> String {
         let w = &self.window;
@@ -220,6 +255,9 @@ impl Outcome {
         );
         if let Some(kib) = self.peak_rss_kib {
             line.push_str(&format!("  peak RSS {:.1} MiB", kib as f64 / 1024.0));
+        }
+        if let Some(per_msg) = self.spans_per_msg() {
+            line.push_str(&format!("  spans {per_msg:.2}/msg"));
         }
         if w.whole_run {
             line.push_str("  (window = whole run: the copies landed before the start-up ended)");
@@ -263,12 +301,13 @@ impl Topology {
                 queues: vec![q("in"), q("service")],
                 ..Self::default()
             },
+            // The journal's stream too (F2N declares none; deleting it is harmless).
             Row::F1 => Self {
-                queues: vec![q("in"), q("dlq"), q("service")],
+                queues: vec![q("in"), q("dlq"), q("service"), q("journal")],
                 exchanges: vec![q("dlx")],
                 ..Self::default()
             },
-            Row::F2 => Self {
+            Row::F2 | Row::F2N | Row::F2T => Self {
                 queues: vec![
                     q("in"),
                     q("dlq"),
@@ -276,6 +315,7 @@ impl Topology {
                     q("service.backup"),
                     q("logging"),
                     q("logging.backup"),
+                    q("journal"),
                 ],
                 exchanges: vec![q("dlx")],
                 ..Self::default()
@@ -367,6 +407,10 @@ async fn declare_forwarder_inbound(ctx: &Ctx, broker: &TestBroker, p: &str) {
 /// The forwarder's configuration under `p`: F1's one branch or the seed
 /// scenario (F2), `nack` dead-lettering, a 10 s shutdown bound, the run's
 /// prefetch; in quorum mode every queue it declares is a quorum queue.
+/// `[journal]` is the shipped default (on) but for its stream, `<p>.journal`,
+/// removed with the run's queues; F2N turns it off, F2T adds
+/// `[telemetry.otlp]` at its default `sample_ratio` (1.0) to the run's
+/// receiver.
 pub fn forwarder_toml(ctx: &Ctx, p: &str, row: Row) -> String {
     let forwarder = Forwarder::at(&ctx.target.url, p)
         .mode("nack")
@@ -374,6 +418,11 @@ pub fn forwarder_toml(ctx: &Ctx, p: &str, row: Row) -> String {
         .inbound("prefetch", ctx.prefetch);
     let forwarder = match row {
         Row::F1 => forwarder.match_all(p),
+        Row::F2N => forwarder.seed(p).journal("enabled", false),
+        Row::F2T => match &ctx.otlp {
+            Some(receiver) => forwarder.seed(p).otlp(&receiver.endpoint()),
+            None => panic!("F2T runs without an OTLP receiver"),
+        },
         _ => forwarder.seed(p),
     };
     let forwarder = if ctx.quorum {
@@ -433,7 +482,7 @@ async fn check(broker: &TestBroker, expected: &[(String, u64)]) -> Vec<String> {
     notes
 }
 
-/// A row moved by a process of its own: switchyard (F1, F2) or the bare
+/// A row moved by a process of its own: switchyard (F1, F2, F2N, F2T) or the bare
 /// forwarder (B1, from F1's inbound queue to F1's service queue).
 async fn forwarder(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
     let p = &plan.prefix;
@@ -443,10 +492,11 @@ async fn forwarder(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
     declare_forwarder_inbound(ctx, broker, p).await;
     let queues = Topology::of(plan.row, p).queues;
     let dead_letters = queues.contains(&q("dlq")).then(|| q("dlq"));
-    // The endpoint queues: all but the inbound and the dead-letter queue.
+    // The endpoint queues: all but the inbound and the dead-letter queue,
+    // and the journal's stream, which the forwarder declares.
     let outputs: Vec<String> = queues
         .into_iter()
-        .filter(|queue| *queue != q("in") && *queue != q("dlq"))
+        .filter(|queue| ![q("in"), q("dlq"), q("journal")].contains(queue))
         .collect();
     // Declared as the forwarder declares them, so that polls find them.
     for queue in &outputs {
@@ -457,8 +507,8 @@ async fn forwarder(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
     let (toml, branches) = match plan.row {
         Row::B1 | Row::B1H => (String::new(), vec![vec![q("service")]]),
         Row::F1 => (forwarder_toml(ctx, p, Row::F1), vec![vec![q("service")]]),
-        _ => (
-            forwarder_toml(ctx, p, Row::F2),
+        row => (
+            forwarder_toml(ctx, p, row),
             vec![
                 vec![q("service"), q("service.backup")],
                 vec![q("logging"), q("logging.backup")],
@@ -466,6 +516,8 @@ async fn forwarder(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
         ),
     };
     let primaries: Vec<String> = branches.iter().map(|b| b[0].clone()).collect();
+    let receiver = ctx.otlp.as_ref().filter(|_| plan.row == Row::F2T);
+    let spans_before = receiver.map(OtlpReceiver::span_count);
     let started = Instant::now();
     let counts = ctx
         .callgrind
@@ -504,6 +556,10 @@ async fn forwarder(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
 
     process.signal("TERM");
     let code = process.wait_exit(STOP_TIMEOUT).await;
+    // The forwarder exports what it holds before it exits.
+    let spans = receiver
+        .zip(spans_before)
+        .map(|(r, before)| (r.span_count() - before) as u64);
     let mut notes = Vec::new();
     if code != Some(0) {
         notes.push(format!(
@@ -511,6 +567,7 @@ async fn forwarder(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
             process.log_path.display()
         ));
     }
+    notes.extend(drops_logged(&process.log_path));
     let instructions = match &counts {
         Some(out) if code == Some(0) => callgrind::read_total(out).map_err(|e| notes.push(e)).ok(),
         _ => None,
@@ -540,8 +597,35 @@ async fn forwarder(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
         window,
         peak_rss_kib,
         instructions,
+        spans,
         notes,
     }
+}
+
+/// Journal records and spans the forwarder's log says it dropped, as
+/// notes: a rate earned by dropping them is not the cost of writing them.
+/// Drops are logged at most every ten seconds, so a count is a lower bound.
+fn drops_logged(log: &std::path::Path) -> Vec<String> {
+    let log = std::fs::read_to_string(log).unwrap_or_default();
+    let mut notes = Vec::new();
+    for (event, what) in [
+        ("journal records dropped", "journal records"),
+        ("spans dropped", "spans"),
+    ] {
+        let dropped: u64 = log
+            .lines()
+            .filter(|line| line.contains(event))
+            .filter_map(|line| {
+                let count = line.split("dropped=").nth(1)?;
+                let digits: String = count.chars().take_while(char::is_ascii_digit).collect();
+                digits.parse::<u64>().ok()
+            })
+            .sum();
+        if dropped > 0 {
+            notes.push(format!("the forwarder dropped {what}: at least {dropped}"));
+        }
+    }
+    notes
 }
 
 /// Where the other build's configuration for the run `p` is written (the
@@ -648,6 +732,7 @@ async fn shovels(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
         window,
         peak_rss_kib: None,
         instructions: None,
+        spans: None,
         notes: check(broker, &expected).await,
     }
 }

@@ -2,8 +2,10 @@
 //! server on 127.0.0.1 that takes `POST /v1/traces`, decodes each body as
 //! the OpenTelemetry project's `ExportTraceServiceRequest` and keeps every
 //! span with its resource. It can be told to answer an error status or to
-//! stall (read the request, never answer) instead. Also a collector
-//! address nothing listens on (`refusing_endpoint`).
+//! stall (read the request, never answer) instead; a counting one
+//! (`OtlpReceiver::counting`) decodes alike but keeps only the requests,
+//! for the throughput benchmark's hundreds of thousands of spans. Also a
+//! collector address nothing listens on (`refusing_endpoint`).
 
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
@@ -103,6 +105,8 @@ pub struct Posted {
 
 #[derive(Default)]
 struct State {
+    /// Spans are counted in `posted` but not kept.
+    counting: bool,
     answer: Mutex<Option<Answer>>,
     spans: Mutex<Vec<Received>>,
     posted: Mutex<Vec<Posted>>,
@@ -124,13 +128,27 @@ impl Drop for OtlpReceiver {
 impl OtlpReceiver {
     /// A receiver on 127.0.0.1 (a free port) answering [`Answer::Ok`].
     pub async fn start() -> Self {
+        Self::start_with(State::default()).await
+    }
+
+    /// [`Self::start`] keeping no span: [`Self::spans`] stays empty and
+    /// [`Self::span_count`] counts what decoded.
+    pub async fn counting() -> Self {
+        Self::start_with(State {
+            counting: true,
+            ..State::default()
+        })
+        .await
+    }
+
+    async fn start_with(state: State) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .unwrap_or_else(|e| panic!("bind the OTLP receiver: {e}"));
         let addr = listener
             .local_addr()
             .unwrap_or_else(|e| panic!("the OTLP receiver's address: {e}"));
-        let state = Arc::new(State::default());
+        let state = Arc::new(state);
         let server = tokio::spawn(serve(listener, state.clone()));
         Self {
             addr,
@@ -152,6 +170,11 @@ impl OtlpReceiver {
     /// Every span kept so far, in order of arrival.
     pub fn spans(&self) -> Vec<Received> {
         lock(&self.state.spans).clone()
+    }
+
+    /// Spans in every request so far that decoded, kept or not.
+    pub fn span_count(&self) -> usize {
+        lock(&self.state.posted).iter().map(|p| p.spans).sum()
     }
 
     /// Every request so far, kept or not.
@@ -259,7 +282,9 @@ async fn receive(
         Answer::Status(status) => status,
         Answer::Ok if decoded.is_none() => 400,
         Answer::Ok => {
-            lock(&state.spans).extend(spans);
+            if !state.counting {
+                lock(&state.spans).extend(spans);
+            }
             200
         }
     };
