@@ -5,7 +5,8 @@
 
 use super::entry::{Entry, Said};
 use serde::{Deserialize, Serialize};
-use std::time::SystemTime;
+use std::fmt::Write as _;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The version of the record's shape, `v` in every record.
 pub const VERSION: u32 = 1;
@@ -157,19 +158,39 @@ impl Record {
     }
 }
 
-/// `at` in RFC 3339, UTC, to the millisecond.
+/// `at` in RFC 3339, UTC, to the millisecond (`2026-12-06T14:02:11.204Z`).
+/// Written by hand: it runs four times per record, and a calendar
+/// library's formatting cost more than the rest of the record.
 pub fn rfc3339(at: SystemTime) -> String {
-    let at = time::OffsetDateTime::from(at);
-    let millis = at.millisecond();
-    format!(
-        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{millis:03}Z",
-        at.year(),
-        u8::from(at.month()),
-        at.day(),
-        at.hour(),
-        at.minute(),
-        at.second()
-    )
+    let since = at.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs();
+    let (days, of_day) = (secs / 86_400, secs % 86_400);
+    let (year, month, day) = civil_from_days(days);
+    let mut out = String::with_capacity(24);
+    let _ = write!(
+        out,
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        of_day / 3600,
+        of_day % 3600 / 60,
+        of_day % 60,
+        since.subsec_millis()
+    );
+    out
+}
+
+/// The proleptic Gregorian date of `days` since 1970-01-01 (Howard
+/// Hinnant's `civil_from_days`, for days on or after the epoch).
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    (year, month, day)
 }
 
 #[cfg(test)]
@@ -178,7 +199,7 @@ mod tests {
     use crate::journal::{Attempted, BranchEntry, Entry, Source, Tried};
     use crate::wire::Trace;
     use std::sync::Arc;
-    use std::time::{Duration, UNIX_EPOCH};
+    use std::time::Duration;
 
     fn at(ms: u64) -> SystemTime {
         UNIX_EPOCH + Duration::from_millis(ms)
@@ -267,5 +288,28 @@ mod tests {
         assert!(!line.contains("\"replay\""), "false flags are left out");
         let back: Record = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(back, record);
+    }
+
+    /// The hand-written format agrees with a calendar library's, across
+    /// leap days, year ends and centuries.
+    #[test]
+    fn timestamps_agree_with_the_calendar() {
+        let format = time::macros::format_description!(
+            "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
+        );
+        for (secs, millis) in [
+            (0, 0),
+            (951_782_400, 1),     // 2000-02-29
+            (1_735_689_599, 999), // 2024-12-31T23:59:59.999
+            (1_796_568_233, 841), // 2026-12-06
+            (4_107_542_400, 500), // 2100-03-01
+            (253_402_300_799, 0), // 9999-12-31T23:59:59
+        ] {
+            let at = UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_millis(millis);
+            let expected = time::OffsetDateTime::from(at)
+                .format(&format)
+                .unwrap_or_default();
+            assert_eq!(rfc3339(at), expected, "{secs}");
+        }
     }
 }
