@@ -42,6 +42,7 @@
 //! - [`journal`]: one record per settled message in a RabbitMQ stream;
 //!   [`traces`]: the same message's spans, exported over OTLP.
 //! - [`reload`]: new configurations on SIGHUP and on a change of the file.
+//! - [`duration`]: durations as operators type them (`10m`, `2h`, `1d`).
 //!
 //! The binary is thin: it parses the command line, loads the configuration
 //! and calls [`run_with`].
@@ -55,6 +56,7 @@ pub mod broker;
 pub mod config;
 pub mod destination;
 pub mod dlq;
+pub mod duration;
 pub mod envelope;
 pub mod errors;
 pub mod ingress;

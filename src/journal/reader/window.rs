@@ -2,8 +2,8 @@
 //! from now (`30s`, `90m`, `24h`, `7d`, or several, `1h30m`) or an RFC 3339
 //! time, taken to the whole second (the stream is addressed in seconds).
 
+use crate::duration::parse_duration;
 use std::fmt;
-use std::time::Duration;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
@@ -31,7 +31,12 @@ impl Window {
                 given: None,
             });
         }
-        let back = duration(since)?;
+        let back = parse_duration(since).map_err(|e| {
+            format!(
+                "{e}; expected a duration (30s, 90m, 24h, 7d) or an RFC 3339 time \
+                 (2026-12-05T13:00:00Z)"
+            )
+        })?;
         let back = i64::try_from(back.as_secs()).map_err(|_| "too large".to_owned())?;
         Ok(Self {
             start: now.saturating_sub(back),
@@ -58,39 +63,6 @@ impl fmt::Display for Window {
         }
         Ok(())
     }
-}
-
-/// One or more `<number><unit>`, units `s`, `m`, `h`, `d`.
-fn duration(text: &str) -> Result<Duration, String> {
-    const EXPECTED: &str = "expected a duration (30s, 90m, 24h, 7d) or an RFC 3339 time \
-                            (2026-12-05T13:00:00Z)";
-    if text.is_empty() {
-        return Err(format!("empty; {EXPECTED}"));
-    }
-    let mut total: u64 = 0;
-    let mut rest = text;
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let unit = rest[digits..]
-            .find(|c: char| c.is_ascii_digit())
-            .map_or(rest.len(), |at| digits + at);
-        let seconds = match &rest[digits..unit] {
-            "s" => 1,
-            "m" => 60,
-            "h" => 3600,
-            "d" => 86_400,
-            _ => return Err(EXPECTED.to_owned()),
-        };
-        let number: u64 = rest[..digits].parse().map_err(|_| EXPECTED.to_owned())?;
-        total = number
-            .checked_mul(seconds)
-            .and_then(|s| total.checked_add(s))
-            .ok_or_else(|| "too large".to_owned())?;
-        rest = &rest[unit..];
-    }
-    Ok(Duration::from_secs(total))
 }
 
 #[cfg(test)]
