@@ -139,7 +139,12 @@ async fn edge_scenario(p: &str) -> (TestBroker, FaultProxy, InProcess) {
     let primary = Endpoint::queue("primary", &format!("{p}.primary"))
         .on("edge")
         .set("confirm_timeout_ms", 20000);
+    // The backup waits as long for its confirms: on a machine busy with
+    // other tests a 5 s timeout there would send some copies twice and
+    // blur what the cut alone costs.
+    let backup = Endpoint::queue("backup", &format!("{p}.backup")).set("confirm_timeout_ms", 20000);
     let toml = one_branch(p, primary)
+        .endpoint(backup)
         .broker("edge", &proxy.amqp_url())
         .toml();
     let forwarder = InProcess::start_consuming(&toml, &broker, &format!("{p}.in")).await;
