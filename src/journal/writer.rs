@@ -92,23 +92,19 @@ impl Writer {
                     backoff.reset();
                     break;
                 }
-                {
-                    {
-                        if self.stop.is_cancelled() {
-                            let left = records + self.entries.len();
-                            self.telemetry.journal_dropped(
-                                left as u64,
-                                "the forwarder stopped before the journal could write them",
-                            );
-                            self.finish(&mut channel).await;
-                            return;
-                        }
-                        let delay = backoff.next_delay();
-                        tokio::select! {
-                            () = tokio::time::sleep(delay) => {}
-                            () = self.stop.cancelled() => {}
-                        }
-                    }
+                if self.stop.is_cancelled() {
+                    let left = records + self.entries.len();
+                    self.telemetry.journal_dropped(
+                        left as u64,
+                        "the forwarder stopped before the journal could write them",
+                    );
+                    self.finish(&mut channel).await;
+                    return;
+                }
+                let delay = backoff.next_delay();
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    () = self.stop.cancelled() => {}
                 }
             }
         }
