@@ -96,12 +96,15 @@ impl SessionTask {
                 for receipt in held.receipts {
                     receipt.ack();
                 }
+                // Acks on a lost channel never reach the broker: it delivers
+                // the set again.
+                let said = record::said_on(&Verdict::Commit, lost.is_cancelled());
                 let (envelopes, branches) = progress.into_parts();
                 self.record(
                     &envelopes,
                     &held.received,
                     &branches,
-                    |_| Said::Acked,
+                    |_| said.clone(),
                     |_, _| "delivered",
                 );
             }
@@ -183,6 +186,7 @@ impl SessionTask {
         } = holding;
         self.telemetry
             .session_dead_lettered(id, cause.reason().as_str(), receipts.len());
+        let lost = receipts.first().map(|r| r.lost().clone());
         let (envelopes, branches) = progress.into_parts();
         let branches: &[BranchRun] = &branches;
         let letters = envelopes
@@ -214,10 +218,12 @@ impl SessionTask {
         let settled = held(&self.abandon, settled).await.is_some();
         drop(permits);
         if settled {
-            let said = record::said(&Verdict::DeadLetter {
+            let verdict = Verdict::DeadLetter {
                 cause: cause.clone(),
                 reached: Vec::new(),
-            });
+            };
+            // A set whose channel was lost midway goes back to the queue whole.
+            let said = record::said_on(&verdict, lost.is_some_and(|l| l.is_cancelled()));
             let result = |index: usize, branch: &BranchRun| {
                 if cause.failed_branches().any(|f| f.branch == *branch.name()) {
                     "failed"
