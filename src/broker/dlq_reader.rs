@@ -18,7 +18,7 @@
 
 use super::closing::{close_channel, close_connection};
 use super::connector::{ConnectError, connect_first};
-use super::error::{BrokerError, Fault};
+use super::error::{BrokerError, Fault, OPERATION_BOUND, Unfinished, bounded};
 use super::unreadable::oversized_frame;
 use crate::amqp::{FieldTable, Properties};
 use crate::config::BrokerSpec;
@@ -30,12 +30,7 @@ use lapin::options::{
     QueueDeclareOptions,
 };
 use lapin::{Channel, Confirmation, Connection, ConnectionProperties, Event};
-use std::future::Future;
 use std::pin::Pin;
-use std::time::Duration;
-
-/// Bound on every broker operation, a publish confirm included.
-const OP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Reading the dead-letter queue failed.
 #[derive(Debug, thiserror::Error)]
@@ -149,7 +144,7 @@ impl DlqReader {
             ..Default::default()
         };
         let declared = tokio::time::timeout(
-            OP_TIMEOUT,
+            OPERATION_BOUND,
             channel.queue_declare(queue.into(), options, FieldTable::default()),
         )
         .await;
@@ -254,6 +249,7 @@ impl DlqReader {
                 .basic_ack(delivery_tag, BasicAckOptions { multiple: false }),
         )
         .await
+        .map_err(ReadError::from)
     }
 
     /// Publishes `body` with `properties` to the default exchange with
@@ -276,7 +272,7 @@ impl DlqReader {
                         .await?;
                     Ok::<_, lapin::Error>(channel)
                 };
-                let channel = match tokio::time::timeout(OP_TIMEOUT, open).await {
+                let channel = match tokio::time::timeout(OPERATION_BOUND, open).await {
                     Ok(Ok(c)) => c,
                     Ok(Err(e)) => return Err(RepublishError::Broker(BrokerError::from_lapin(&e))),
                     Err(_) => return Err(RepublishError::Timeout),
@@ -295,7 +291,7 @@ impl DlqReader {
                 .await?
                 .await
         };
-        match tokio::time::timeout(OP_TIMEOUT, publish).await {
+        match tokio::time::timeout(OPERATION_BOUND, publish).await {
             Ok(Ok(Confirmation::Ack(None))) => Ok(()),
             Ok(Ok(Confirmation::Ack(Some(r)) | Confirmation::Nack(Some(r)))) => {
                 Err(RepublishError::Returned {
@@ -338,6 +334,7 @@ impl DlqReader {
                     self.channel.basic_nack(tag, options),
                 )
                 .await
+                .map_err(ReadError::from)
             }
             None => Ok(()),
         };
@@ -349,16 +346,11 @@ impl DlqReader {
     }
 }
 
-async fn bounded<T>(
-    what: &'static str,
-    operation: impl Future<Output = lapin::Result<T>>,
-) -> Result<T, ReadError> {
-    match tokio::time::timeout(OP_TIMEOUT, operation).await {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(e)) => Err(ReadError::Broker {
-            what,
-            error: BrokerError::from_lapin(&e),
-        }),
-        Err(_) => Err(ReadError::Timeout(what)),
+impl From<Unfinished> for ReadError {
+    fn from(unfinished: Unfinished) -> Self {
+        match unfinished {
+            Unfinished::Failed(what, error) => Self::Broker { what, error },
+            Unfinished::Timeout(what) => Self::Timeout(what),
+        }
     }
 }

@@ -9,6 +9,8 @@
 
 use lapin::ErrorKind;
 use lapin::protocol::AMQPErrorKind;
+use std::future::Future;
+use std::time::Duration;
 
 /// AMQP reply codes this crate reasons about.
 pub mod code {
@@ -127,6 +129,33 @@ impl BrokerError {
             Some(code) => format!("{level}: {code} {}", self.text),
             None => format!("{level}: {}", self.text),
         }
+    }
+}
+
+/// How long a reader (`dlq`, `trace`) gives the broker to answer one
+/// operation, a publish confirm included.
+pub(super) const OPERATION_BOUND: Duration = Duration::from_secs(30);
+
+/// An operation the broker refused, dropped, or did not answer within
+/// [`OPERATION_BOUND`]; each reader's error takes it in (`From`).
+#[derive(Debug)]
+pub(super) enum Unfinished {
+    /// The broker refused or dropped it: what was being done, and why.
+    Failed(&'static str, BrokerError),
+    /// No answer in time: what was being done.
+    Timeout(&'static str),
+}
+
+/// Runs `operation` (`what` names it in the error), given
+/// [`OPERATION_BOUND`] to end.
+pub(super) async fn bounded<T>(
+    what: &'static str,
+    operation: impl Future<Output = lapin::Result<T>>,
+) -> Result<T, Unfinished> {
+    match tokio::time::timeout(OPERATION_BOUND, operation).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(e)) => Err(Unfinished::Failed(what, BrokerError::from_lapin(&e))),
+        Err(_) => Err(Unfinished::Timeout(what)),
     }
 }
 

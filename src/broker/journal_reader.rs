@@ -14,7 +14,7 @@
 
 use super::closing::close_channel;
 use super::connector::{ConnectError, Connector, Role};
-use super::error::BrokerError;
+use super::error::{BrokerError, OPERATION_BOUND, Unfinished, bounded};
 use super::topology::{TopologyError, check_journal_stream};
 use crate::amqp::{AmqpValue, FieldTable, Properties};
 use crate::config::Journal;
@@ -22,13 +22,10 @@ use crate::telemetry::Telemetry;
 use futures_util::StreamExt;
 use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::{Channel, Consumer};
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::task::TaskTracker;
 
-/// Bound on every broker operation.
-const OP_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the tail probe waits for the last chunk: a stream with
 /// anything in it sends it at once.
 pub const TAIL_WAIT: Duration = Duration::from_secs(2);
@@ -141,7 +138,7 @@ impl JournalReader {
                 tail = tail.max(offset(&delivery.properties));
             }
         };
-        if tokio::time::timeout(OP_TIMEOUT, drain).await.is_err() {
+        if tokio::time::timeout(OPERATION_BOUND, drain).await.is_err() {
             return Err(JournalReadError::Timeout("ending the tail probe"));
         }
         close_channel(&channel, "", self.connector.telemetry()).await;
@@ -173,11 +170,11 @@ impl JournalReader {
     pub async fn close(self) {
         self.connector.close().await;
         self.background.close();
-        let _ = tokio::time::timeout(OP_TIMEOUT, self.background.wait()).await;
+        let _ = tokio::time::timeout(OPERATION_BOUND, self.background.wait()).await;
     }
 
     async fn channel(&self) -> Result<Channel, JournalReadError> {
-        Ok(self.connector.channel(false, OP_TIMEOUT).await?)
+        Ok(self.connector.channel(false, OPERATION_BOUND).await?)
     }
 
     /// `basic.qos` (required on a stream), then `basic.consume` with manual
@@ -199,7 +196,7 @@ impl JournalReader {
         };
         let consume =
             channel.basic_consume(self.stream.as_str().into(), tag.into(), options, arguments);
-        bounded("consuming the stream", consume).await
+        Ok(bounded("consuming the stream", consume).await?)
     }
 }
 
@@ -274,13 +271,11 @@ fn broker(what: &'static str, error: &lapin::Error) -> JournalReadError {
     }
 }
 
-async fn bounded<T>(
-    what: &'static str,
-    operation: impl Future<Output = lapin::Result<T>>,
-) -> Result<T, JournalReadError> {
-    match tokio::time::timeout(OP_TIMEOUT, operation).await {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(e)) => Err(broker(what, &e)),
-        Err(_) => Err(JournalReadError::Timeout(what)),
+impl From<Unfinished> for JournalReadError {
+    fn from(unfinished: Unfinished) -> Self {
+        match unfinished {
+            Unfinished::Failed(what, error) => Self::Broker { what, error },
+            Unfinished::Timeout(what) => Self::Timeout(what),
+        }
     }
 }
