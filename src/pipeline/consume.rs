@@ -427,27 +427,27 @@ impl Consumer {
         };
         let in_flight = telemetry.transaction_started();
         let transaction = async move {
+            let recorder = &generation.recorder;
+            // Nothing is gathered for the journal when nothing records.
+            let recording = recorder.wanted();
             let (verdict, branches) = match started {
                 Ok(started) => {
                     let mut outcome = started.finish(&generation.engine, receipt.lost()).await;
-                    let branches = record::branches(&mut outcome);
+                    let branches = match recording {
+                        true => record::branches(&mut outcome),
+                        false => Vec::new(),
+                    };
                     (outcome.verdict(), branches)
                 }
                 Err(verdict) => (verdict, Vec::new()),
             };
-            let journal = generation.recorder.clone();
             let lost = receipt.lost().is_cancelled();
-            let said = journal.wanted().then(|| record::said_on(&verdict, lost));
+            let said = recording.then(|| record::said_on(&verdict, lost));
             generation.settler.settle(&envelope, receipt, verdict).await;
             if let Some(said) = said {
                 let source = record::source_of(&envelope);
-                journal.settled(record::entry(
-                    &envelope,
-                    source,
-                    received_at,
-                    said,
-                    branches,
-                ));
+                let entry = record::entry(&envelope, source, received_at, said, branches);
+                recorder.settled(entry);
             }
             drop(in_flight);
         };
