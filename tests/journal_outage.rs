@@ -1,8 +1,8 @@
 //! The journal's broker down and back, on a private node (forwarding runs
 //! on the shared broker): with `on_unavailable = "drop"` forwarding goes
 //! on and the records it could not keep are counted; with `"hold"` nothing
-//! is taken while the journal cannot be written, and everything is
-//! forwarded, and recorded, once it can.
+//! is taken while the journal cannot be written (a request over HTTP is
+//! answered 503), and everything is forwarded, and recorded, once it can.
 
 use crate::support;
 
@@ -10,22 +10,23 @@ use lapin::BasicProperties;
 use std::time::Duration;
 use support::config::Forwarder;
 use support::harness::InProcess;
+use support::ingress::start_ingress;
 use support::journal::records;
 use support::node::PrivateNode;
 use support::{
     DEFAULT_TIMEOUT, Metrics, TestBroker, delete_all_with_prefix, unique_prefix, wait_until,
 };
+use switchyard::Options;
 
 /// The seed's shape on the shared broker, its journal on `journal_url`
 /// with `on_unavailable` and a small buffer.
-fn config(p: &str, journal_url: &str, on_unavailable: &str) -> String {
+fn config(p: &str, journal_url: &str, on_unavailable: &str) -> Forwarder {
     Forwarder::new(p)
         .broker("j", journal_url)
         .seed(p)
         .journal("broker", "j")
         .journal("on_unavailable", on_unavailable)
         .journal("buffer", 20u32)
-        .toml()
 }
 
 fn metric(forwarder: &InProcess, name: &str) -> f64 {
@@ -48,10 +49,14 @@ async fn the_journals_broker_down_drops_or_holds_as_configured() {
     let drop_p = unique_prefix("journal-drop");
     let hold_p = unique_prefix("journal-hold");
     let broker = TestBroker::connect(&drop_p).await;
-    let drop_toml = config(&drop_p, &node.amqp_url(), "drop");
-    let hold_toml = config(&hold_p, &node.amqp_url(), "hold");
+    let drop_toml = config(&drop_p, &node.amqp_url(), "drop").toml();
+    let hold_toml = config(&hold_p, &node.amqp_url(), "hold").toml();
     let dropping = InProcess::start_consuming(&drop_toml, &broker, &format!("{drop_p}.in")).await;
-    let holding = InProcess::start_consuming(&hold_toml, &broker, &format!("{hold_p}.in")).await;
+    // The holding instance also takes requests over HTTP.
+    let hold_config = config(&hold_p, &node.amqp_url(), "hold").http(&[]);
+    let hold_in = format!("{hold_p}.in");
+    let (holding, client) =
+        start_ingress(&hold_config, Options::default(), Some((&broker, &hold_in))).await;
 
     // Both journals write while their broker is up.
     publish(&broker, &drop_p, 0..5).await;
@@ -95,6 +100,17 @@ async fn the_journals_broker_down_drops_or_holds_as_configured() {
         assert_eq!(broker.queue_len(&format!("{hold_p}.service")).await, 5);
         assert_eq!(broker.queue_len(&format!("{hold_p}.logging")).await, 5);
     }
+    // Over HTTP, a hold is an answer to come back later, and nothing is sent.
+    let refused = client
+        .post("/messages/k", &[("idempotency-key", "held-1")], b"h")
+        .await;
+    assert_eq!(refused.status, 503, "{}", refused.text);
+    assert!(
+        refused.headers.contains_key("retry-after"),
+        "{:?}",
+        refused.headers
+    );
+    assert_eq!(broker.queue_len(&format!("{hold_p}.service")).await, 5);
 
     node.start_app().await;
     broker

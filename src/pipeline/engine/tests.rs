@@ -434,7 +434,13 @@ async fn a_recording_walk_keeps_every_step_and_names_each_attempt_in_the_copys_t
     let producer = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
     let message = envelope(
         "m1",
-        &[("traceparent", AmqpValue::LongString(producer.into()))],
+        &[
+            ("traceparent", AmqpValue::LongString(producer.into())),
+            (
+                "tracestate",
+                AmqpValue::LongString("congo=t61rcWkgMzE".into()),
+            ),
+        ],
     );
     let outcome = forward(&engine, &settings, &message).await;
     assert_eq!(outcome.branches, [delivered("service", "d")]);
@@ -468,6 +474,12 @@ async fn a_recording_walk_keeps_every_step_and_names_each_attempt_in_the_copys_t
         .map(|span| format!("00-0af7651916cd43dd8448eb211c80319c-{span:016x}-01"))
         .collect();
     assert_eq!(carried, expected);
+    for call in script.all_calls() {
+        assert!(
+            matches!(call.header("tracestate"), Some(AmqpValue::LongString(s)) if s.to_string() == "congo=t61rcWkgMzE"),
+            "every copy carries the incoming tracestate"
+        );
+    }
 }
 
 #[tokio::test(start_paused = true)]
