@@ -153,7 +153,10 @@ async fn run(mut session: Session<Request>, route: Route) {
             let _ = answer.send(Err(Refused::Barred(barred)));
             break Closing::Abandoned;
         }
-        let outcome = progress.deliver(&generation, &session.id, &lost).await;
+        let mut outcome = progress.deliver(&generation, &session.id, &lost).await;
+        if generation.recorder.wanted() {
+            outcome.trails = progress.newest_trails();
+        }
         let ended = end || !outcome.all_delivered();
         // The caller may be gone: the outcome stands all the same.
         let _ = answer.send(Ok(outcome));

@@ -7,6 +7,7 @@
 use super::membership::is_end;
 use crate::config;
 use crate::envelope::Envelope;
+use crate::journal::Tried;
 use crate::pipeline::engine::{BranchRun, Walk};
 use crate::pipeline::generation::Generation;
 use crate::pipeline::outcome::{Barred, Outcome};
@@ -126,18 +127,24 @@ impl Progress {
                 .map(|b| b.deliver(run, None, &walk)),
         )
         .await;
-        // The newest message's steps (its replays of earlier ones are
-        // theirs), for a caller that records this message alone.
-        let newest = run.len().saturating_sub(1);
-        let trails = self
-            .branches
+        Outcome {
+            branches,
+            trails: Vec::new(),
+        }
+    }
+
+    /// Each branch's steps for the set's newest message (its replays of
+    /// earlier ones are theirs), for a caller that records this message
+    /// alone (a request over HTTP).
+    pub(crate) fn newest_trails(&self) -> Vec<Vec<Tried>> {
+        let newest = self.envelopes.len().saturating_sub(1);
+        self.branches
             .iter()
             .map(|b| {
                 let steps = b.trail().iter().filter(|t| t.index as usize == newest);
                 steps.cloned().collect()
             })
-            .collect();
-        Outcome { branches, trails }
+            .collect()
     }
 
     /// Takes the messages out, for settling, with the branches.
