@@ -1,5 +1,5 @@
 //! The command line: `run`, `check`, `dlq inspect` / `dlq redrive`,
-//! `trace`, and how logs are written.
+//! `trace`, `ctl`, and how logs are written.
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
@@ -13,7 +13,8 @@ use switchyard::dlq::{DlqError, Format, Request, Selection};
 /// same filter table. With [admin] listen set it serves /healthz, /readyz
 /// and /metrics. It reloads the configuration on SIGHUP or a change of the
 /// file. `check` validates a configuration; `dlq` lists or redrives dead
-/// letters; `trace` shows what happened to one message.
+/// letters; `trace` shows what happened to one message; `ctl` pauses,
+/// drains and registers through a running forwarder's admin endpoint.
 #[derive(Debug, Parser)]
 #[command(name = "switchyard", version, about)]
 pub struct Cli {
@@ -122,6 +123,128 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Steer a running forwarder's group through its admin endpoint.
+    ///
+    /// Sends one command to /control or /registry on the admin endpoint
+    /// (--admin, else admin.listen of the configuration) with a bearer
+    /// token (--token, else $SWITCHYARD_ADMIN_TOKEN, else the first of
+    /// admin.tokens). A command taken by one instance applies to every
+    /// instance of its group (same name, same inbound broker), and the
+    /// answer comes once the instance asked has applied it.
+    ///
+    /// Exit codes: 0 done, 2 invalid configuration or usage, 1 the admin
+    /// endpoint could not be reached or refused the command (its reason is
+    /// printed).
+    Ctl {
+        /// Where and how to send it.
+        #[command(flatten)]
+        target: CtlTarget,
+        /// The command.
+        #[command(subcommand)]
+        command: CtlCommand,
+    },
+}
+
+/// Where `ctl` sends its command, and how it prints the answer.
+#[derive(Debug, Args)]
+pub struct CtlTarget {
+    /// Configuration file [default: $SWITCHYARD_CONFIG, then config/switchyard.toml];
+    /// read for admin.listen and admin.tokens when --admin or the token is not given.
+    #[arg(long, value_name = "PATH", global = true)]
+    pub config: Option<PathBuf>,
+    /// The admin endpoint, as host:port or http://host:port.
+    #[arg(long, value_name = "URL", global = true)]
+    pub admin: Option<String>,
+    /// A bearer token of admin.tokens [default: $SWITCHYARD_ADMIN_TOKEN].
+    #[arg(long, value_name = "T", global = true)]
+    pub token: Option<String>,
+    /// Print the server's JSON answer instead of lines for a person.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+/// The `ctl` commands.
+#[derive(Debug, Subcommand)]
+pub enum CtlCommand {
+    /// Show the group's state: paused or not, each endpoint's state (up,
+    /// down, drained), registrations and their expiry, the instances.
+    Status,
+    /// Stop taking new messages (work in flight finishes); the HTTP
+    /// ingress answers 503 meanwhile.
+    Pause,
+    /// Take new messages again.
+    Resume,
+    /// Skip an endpoint in every list, without failing it, until undrained.
+    Drain {
+        /// The endpoint's name (configured, or a registered instance's).
+        endpoint: String,
+    },
+    /// Send traffic to a drained endpoint again.
+    Undrain {
+        /// The endpoint's name.
+        endpoint: String,
+    },
+    /// Register a service instance into a registrable branch (again
+    /// within the lease, to renew it).
+    Register {
+        /// The branch (its [[filter_table]] entry has registrable = true).
+        branch: String,
+        /// The instance's name, unique in the group.
+        name: String,
+        /// The routing key its copies are published with.
+        #[arg(long, value_name = "K")]
+        routing_key: String,
+        /// The exchange [default: "", the default exchange].
+        #[arg(long, value_name = "E", default_value = "")]
+        exchange: String,
+        /// A key of [brokers] [default: the inbound broker].
+        #[arg(long, value_name = "B")]
+        broker: Option<String>,
+        /// The lease, 1s to 1h: it lapses unless renewed within it.
+        #[arg(long, value_name = "DURATION", default_value = "30s")]
+        ttl: String,
+    },
+    /// Unregister a service instance at once.
+    Unregister {
+        /// The branch.
+        branch: String,
+        /// The instance's name.
+        name: String,
+    },
+}
+
+impl CtlCommand {
+    /// The request to send; a bad `--ttl` is a usage error.
+    pub fn ask(&self) -> Result<switchyard::ctl::Ask, String> {
+        use switchyard::ctl::Ask;
+        Ok(match self {
+            Self::Status => Ask::Status,
+            Self::Pause => Ask::Pause,
+            Self::Resume => Ask::Resume,
+            Self::Drain { endpoint } => Ask::Drain(endpoint.clone()),
+            Self::Undrain { endpoint } => Ask::Undrain(endpoint.clone()),
+            Self::Register {
+                branch,
+                name,
+                routing_key,
+                exchange,
+                broker,
+                ttl,
+            } => Ask::Register {
+                branch: branch.clone(),
+                name: name.clone(),
+                routing_key: routing_key.clone(),
+                exchange: exchange.clone(),
+                broker: broker.clone(),
+                ttl: switchyard::duration::parse_duration(ttl)
+                    .map_err(|e| format!("--ttl {ttl}: {e}"))?,
+            },
+            Self::Unregister { branch, name } => Ask::Unregister {
+                branch: branch.clone(),
+                name: name.clone(),
+            },
+        })
+    }
 }
 
 /// The `dlq` commands.

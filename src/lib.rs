@@ -36,7 +36,11 @@
 //! - [`telemetry`]: log events and metrics, named once, in a handle.
 //! - [`ingress`]: the HTTP ingress: requests become messages through the
 //!   pipeline's intake, answered with what happened to every branch.
-//! - `admin`: the HTTP endpoint: `/healthz`, `/readyz`, `/metrics`.
+//! - `admin`: the HTTP endpoint: `/healthz`, `/readyz`, `/metrics`, and
+//!   `/control` and `/registry`, which steer the group.
+//! - [`control`]: the group's pause, drains and registrations, carried to
+//!   every instance through a RabbitMQ stream.
+//! - [`ctl`]: `switchyard ctl`, one command to a running forwarder.
 //! - [`dlq`]: `dlq inspect` and `dlq redrive`, the dead-letter queue read
 //!   in place.
 //! - [`journal`]: one record per settled message in a RabbitMQ stream;
@@ -54,6 +58,8 @@ pub mod amqp;
 pub(crate) mod backoff;
 pub mod broker;
 pub mod config;
+pub mod control;
+pub mod ctl;
 pub mod destination;
 pub mod dlq;
 pub mod duration;
@@ -162,7 +168,8 @@ pub async fn run_with(
     let server = admin.map(|admin| {
         let readiness = forwarder.readiness();
         let ready: admin::Ready<NotReady> = Arc::new(move || readiness.check());
-        tokio::spawn(admin.serve(telemetry.clone(), ready, admin_stop.clone()))
+        let steering = Some(forwarder.steering());
+        tokio::spawn(admin.serve(telemetry.clone(), ready, steering, admin_stop.clone()))
     });
     // The ingress stops taking requests when shutdown starts; the ones it
     // took finish as the forwarder drains.
@@ -241,6 +248,7 @@ fn startup_summary<'a>(
             _ => "off".to_owned(),
         },
         journal: config::Journal::summary(settings.journal.as_ref()),
+        control: config::Control::summary(settings.control.as_ref()),
         otlp: config::Otlp::summary(settings.otlp.as_ref()),
     }
 }

@@ -104,7 +104,114 @@ fn main() -> ExitCode {
                 Err(code) => code,
             }
         }
+        Command::Ctl { target, command } => ctl(&target, &command),
     }
+}
+
+/// The environment variable `ctl` reads its token from.
+const TOKEN_ENV: &str = "SWITCHYARD_ADMIN_TOKEN";
+
+/// `switchyard ctl`: one command to the admin endpoint.
+fn ctl(target: &cli::CtlTarget, command: &cli::CtlCommand) -> ExitCode {
+    let ask = match command.ask() {
+        Ok(ask) => ask,
+        Err(e) => {
+            eprintln!("switchyard: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let token = target
+        .token
+        .clone()
+        .or_else(|| std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty()));
+    let given = target.admin.as_deref().map(admin_address);
+    // The configuration is read only for what the flags leave out.
+    let settings = match (&given, &token) {
+        (Some(_), Some(_)) => None,
+        _ => match load(target.config.clone()) {
+            Ok((_, settings)) => Some(settings),
+            Err(code) => return code,
+        },
+    };
+    let addr = match given {
+        Some(Ok(addr)) => addr,
+        Some(Err(e)) => {
+            eprintln!("switchyard: --admin {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+        None => match settings.as_ref().and_then(|s| s.admin_listen) {
+            Some(listen) => loopback_if_any(listen),
+            None => {
+                eprintln!(
+                    "switchyard: no admin endpoint: give --admin host:port, or set admin.listen"
+                );
+                return ExitCode::from(EXIT_USAGE);
+            }
+        },
+    };
+    let token = token.or_else(|| {
+        let control = settings.as_ref()?.control.as_ref()?;
+        control.tokens.first().cloned()
+    });
+    let Some(token) = token else {
+        eprintln!(
+            "switchyard: no token: give --token, set {TOKEN_ENV}, or set admin.tokens in the              configuration"
+        );
+        return ExitCode::from(EXIT_USAGE);
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("switchyard: cannot start the runtime: {e}");
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    match runtime.block_on(switchyard::ctl::send(addr, &token, &ask)) {
+        Ok(answer) => {
+            if target.json {
+                println!("{answer}");
+            } else {
+                let done = ask.done();
+                if !done.is_empty() {
+                    println!("{done}");
+                }
+                if ask == switchyard::ctl::Ask::Status {
+                    print!("{}", switchyard::ctl::human_status(&answer));
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("switchyard: {e}");
+            ExitCode::from(EXIT_FAILURE)
+        }
+    }
+}
+
+/// `host:port` or `http://host:port[/]`, as an address.
+fn admin_address(text: &str) -> Result<std::net::SocketAddr, String> {
+    let bare = text.strip_prefix("http://").unwrap_or(text);
+    let bare = bare.trim_end_matches('/');
+    use std::net::ToSocketAddrs;
+    bare.to_socket_addrs()
+        .ok()
+        .and_then(|mut addrs| addrs.next())
+        .ok_or_else(|| format!("\"{text}\" is not host:port or http://host:port"))
+}
+
+/// The loopback address for a listener on every interface.
+fn loopback_if_any(listen: std::net::SocketAddr) -> std::net::SocketAddr {
+    let mut addr = listen;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(match addr {
+            std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    addr
 }
 
 /// Says why `run` ends in failure: one line on stderr, or in JSON mode one
@@ -147,13 +254,14 @@ fn summary(path: &std::path::Path, settings: &Settings) -> String {
         None => "inbound: none (HTTP ingress only)\ndead letters: none".to_owned(),
     };
     format!(
-        "{}: ok\n{queue}\nbrokers: {}\nadmin: {admin}\nsessions: {}\nhttp ingress: {}\njournal: {}\notlp: {}\nfilter table:\n{}",
+        "{}: ok\n{queue}\nbrokers: {}\nadmin: {admin}\nsessions: {}\nhttp ingress: {}\njournal: {}\notlp: {}\ncontrol: {}\nfilter table:\n{}",
         path.display(),
         brokers.join(", "),
         config::Sessions::summary(settings.sessions.as_ref()),
         config::HttpIngress::summary(settings.http.as_ref()),
         config::Journal::summary(settings.journal.as_ref()),
         config::Otlp::summary(settings.otlp.as_ref()),
+        config::Control::summary(settings.control.as_ref()),
         settings.routing.summary()
     )
 }

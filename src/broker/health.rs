@@ -18,8 +18,9 @@ use crate::destination::Endpoint;
 use crate::telemetry::Telemetry;
 use lapin::ExchangeKind;
 use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions};
+use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use tokio::sync::watch;
 
 const UP: u8 = 0;
@@ -102,6 +103,59 @@ impl EndpointHealth {
 
     fn bump(&self) {
         self.epoch.send_modify(|n| *n += 1);
+    }
+}
+
+/// The endpoints an operator drained, by name: skipped by every list as
+/// if down, never published to, never counted as failing. Shared by every
+/// generation; a change bumps the health epoch, so a branch holding for
+/// want of an endpoint wakes on an undrain.
+#[derive(Debug, Clone)]
+pub struct Drains {
+    names: Arc<std::sync::RwLock<Arc<BTreeSet<String>>>>,
+    /// Whether any endpoint is drained: the usual case reads no lock.
+    any: Arc<AtomicBool>,
+    epoch: Arc<watch::Sender<u64>>,
+}
+
+impl Drains {
+    /// None drained; changes bump `epoch`.
+    pub fn new(epoch: Arc<watch::Sender<u64>>) -> Self {
+        Self {
+            names: Arc::default(),
+            any: Arc::default(),
+            epoch,
+        }
+    }
+
+    /// Whether the endpoint named `name` is drained.
+    pub fn contains(&self, name: &str) -> bool {
+        self.any.load(Ordering::Acquire) && self.now().contains(name)
+    }
+
+    /// The drained endpoints now.
+    pub fn now(&self) -> Arc<BTreeSet<String>> {
+        match self.names.read() {
+            Ok(names) => names.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Drains exactly `names`; bumps the epoch when that changes anything.
+    pub fn set(&self, names: BTreeSet<String>) {
+        let changed = {
+            let mut now = match self.names.write() {
+                Ok(now) => now,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            let changed = **now != names;
+            self.any.store(!names.is_empty(), Ordering::Release);
+            *now = Arc::new(names);
+            changed
+        };
+        if changed {
+            self.epoch.send_modify(|n| *n += 1);
+        }
     }
 }
 

@@ -27,6 +27,7 @@
 
 mod closing;
 mod connector;
+mod control_stream;
 mod dlq_reader;
 mod error;
 pub mod frame_size;
@@ -43,11 +44,12 @@ mod unreadable;
 #[cfg(test)]
 pub(crate) use connector::ConnectFailure;
 pub(crate) use connector::{Blocking, ConnectError, Connector, Role};
+pub(crate) use control_stream::{ControlStream, ControlStreamError, Start};
 pub(crate) use dlq_reader::{DlqReader, ReadError, RepublishError};
 #[cfg(test)]
 pub(crate) use error::BrokerError;
 pub(crate) use error::{Level, code};
-pub(crate) use health::EndpointHealth;
+pub(crate) use health::{Drains, EndpointHealth};
 pub(crate) use inbound::{ConsumeError, InboundChannel, Receipt, open_inbound};
 #[cfg(test)]
 pub(crate) use inbound::{Settled, SettledLog};

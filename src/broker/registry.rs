@@ -5,6 +5,7 @@
 //! so its walking, retries, outage waits and replays are tested with a
 //! scripted stand-in under a paused clock.
 
+use super::health::Drains;
 use super::publisher::{Mode, PublishFailure, Publisher};
 use crate::amqp::{AmqpValue, ShortString};
 use crate::destination::Endpoint;
@@ -27,6 +28,8 @@ pub enum Health {
     Down,
     /// Its broker cannot be reached: an outage, not a refusal.
     Unreachable,
+    /// An operator drained it: skipped, never published to, no failure.
+    Drained,
 }
 
 /// What the delivery engine needs from the endpoints it publishes to.
@@ -54,6 +57,8 @@ pub struct Publishers {
     by_endpoint: Arc<FxHashMap<String, Publisher>>,
     /// Bumped on every endpoint health change.
     health: watch::Receiver<u64>,
+    /// The endpoints drained now.
+    drains: Option<Drains>,
 }
 
 impl Publishers {
@@ -70,7 +75,19 @@ impl Publishers {
                     .collect(),
             ),
             health,
+            drains: None,
         }
+    }
+
+    /// The same publishers, reading `drains`.
+    pub fn draining(mut self, drains: Drains) -> Self {
+        self.drains = Some(drains);
+        self
+    }
+
+    /// Whether the endpoint named `name` is drained.
+    pub fn drained(&self, name: &str) -> bool {
+        self.drains.as_ref().is_some_and(|d| d.contains(name))
     }
 
     /// Every publisher.
@@ -80,9 +97,11 @@ impl Publishers {
 
     /// Whether the endpoint named `name` is up (an unknown name is not).
     pub fn endpoint_up(&self, name: &str) -> bool {
-        self.by_endpoint
-            .get(name)
-            .is_some_and(|p| p.health().is_up())
+        !self.drained(name)
+            && self
+                .by_endpoint
+                .get(name)
+                .is_some_and(|p| p.health().is_up())
     }
 }
 
@@ -102,6 +121,9 @@ impl Publish for Publishers {
     }
 
     fn health(&self, endpoint: &Endpoint) -> Health {
+        if self.drained(&endpoint.name) {
+            return Health::Drained;
+        }
         match self.by_endpoint.get(&endpoint.name).map(Publisher::health) {
             Some(h) if h.is_unreachable() => Health::Unreachable,
             Some(h) if !h.is_up() => Health::Down,

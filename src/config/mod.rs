@@ -4,6 +4,7 @@
 //! endpoint list non-empty, every filter compiled.
 
 mod compile;
+mod control;
 mod delivery_limit;
 mod error;
 mod ingress;
@@ -14,6 +15,7 @@ mod tls;
 mod unknown;
 
 pub(crate) use compile::compile;
+pub use control::Control;
 pub use delivery_limit::delivery_limit_policy;
 pub use error::ConfigError;
 pub(crate) use error::InvalidKey;
@@ -63,6 +65,8 @@ pub struct Settings {
     pub journal: Option<Journal>,
     /// Span export; `None` without `[telemetry.otlp] endpoint`.
     pub otlp: Option<Otlp>,
+    /// The group's command stream; `None` when `control.enabled` is off.
+    pub control: Option<Control>,
     /// Proof that `compile` made it.
     pub compiled: Compiled,
 }
@@ -80,6 +84,33 @@ impl Settings {
     /// alone.
     pub fn inbound(&self) -> Option<&Inbound> {
         self.queue.as_ref().map(|(inbound, _)| inbound)
+    }
+
+    /// These settings with the endpoints services registered (by branch)
+    /// added: each joins `endpoints` and its branch's list. One whose
+    /// branch is not registrable, whose broker is not defined or whose
+    /// name a configured endpoint has (a reload can make any of them so)
+    /// is left out.
+    pub fn with_registered(&self, registered: &BTreeMap<String, Vec<Arc<Endpoint>>>) -> Self {
+        let fits = |branch: &str, endpoint: &Endpoint| {
+            self.routing.branch(branch).is_some_and(|b| b.registrable())
+                && self.brokers.contains_key(&endpoint.broker)
+                && !self.endpoints.contains_key(&endpoint.name)
+        };
+        let kept: BTreeMap<String, Vec<Arc<Endpoint>>> = registered
+            .iter()
+            .map(|(branch, list)| {
+                let list = list.iter().filter(|e| fits(branch, e)).cloned().collect();
+                (branch.clone(), list)
+            })
+            .collect();
+        let mut next = self.clone();
+        for endpoint in kept.values().flatten() {
+            next.endpoints
+                .insert(endpoint.name.clone(), endpoint.clone());
+        }
+        next.routing = Arc::new(self.routing.with_registered(&kept));
+        next
     }
 
     /// Where failed messages go; set exactly when [`Self::inbound`] is.

@@ -56,6 +56,10 @@ pub struct RawConfig {
     /// Where spans are exported.
     #[serde(default)]
     pub telemetry: RawTelemetry,
+    /// The group's commands (pause, drains, registrations), on a RabbitMQ
+    /// stream.
+    #[serde(default)]
+    pub control: super::control::RawControl,
 }
 
 fn default_instance_name() -> String {
@@ -478,8 +482,10 @@ pub struct RawFilterEntry {
     pub name: Option<String>,
     /// A key of `[filters]`.
     pub filter: String,
-    /// A key of `[endpoints]`: the branch's first endpoint.
-    pub endpoint: String,
+    /// A key of `[endpoints]`: the branch's first endpoint. A
+    /// `registrable` entry may leave it out: its list is then whatever
+    /// services register.
+    pub endpoint: Option<String>,
     /// A key of `[backup_lists]`.
     pub backup_list: Option<String>,
     /// Only the highest priority with a match is used.
@@ -500,6 +506,10 @@ pub struct RawFilterEntry {
     pub outage: String,
     /// With `outage = "dead_letter"`: hold for this long first.
     pub outage_timeout_ms: Option<u64>,
+    /// Services may register endpoints into this branch's list
+    /// (`PUT /registry/{branch}/{name}` on the admin endpoint).
+    #[serde(default)]
+    pub registrable: bool,
 }
 
 fn default_outage() -> String {
@@ -549,13 +559,35 @@ impl Default for RawSessions {
 }
 
 /// `[admin]`
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawAdmin {
     /// `host:port` of the admin listener (`/healthz`, `/readyz`,
     /// `/metrics`), e.g. `127.0.0.1:9090`; a bare port (`9090`) listens on
     /// the loopback address only. Absent means disabled.
     pub listen: Option<String>,
+    /// Bearer tokens that `/control` and `/registry` accept; a list, or
+    /// one string of comma-separated tokens. Without tokens those paths
+    /// answer 403.
+    #[serde(default, deserialize_with = "list_or_commas")]
+    pub tokens: Vec<String>,
+    /// Registrations the group holds at once, at most.
+    #[serde(default = "default_max_registrations")]
+    pub max_registrations: u32,
+}
+
+impl Default for RawAdmin {
+    fn default() -> Self {
+        Self {
+            listen: None,
+            tokens: Vec::new(),
+            max_registrations: default_max_registrations(),
+        }
+    }
+}
+
+fn default_max_registrations() -> u32 {
+    256
 }
 
 /// `[ingress]`

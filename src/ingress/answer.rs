@@ -63,9 +63,11 @@ impl Answer {
     /// A message that was not taken: nothing published.
     pub fn not_taken(message_id: &str, why: &NotTaken) -> Self {
         let status = match why {
-            NotTaken::Blocked | NotTaken::Starting | NotTaken::Stopping | NotTaken::Unrecorded => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            NotTaken::Blocked
+            | NotTaken::Starting
+            | NotTaken::Stopping
+            | NotTaken::Unrecorded
+            | NotTaken::Paused => StatusCode::SERVICE_UNAVAILABLE,
             NotTaken::SessionsFull(_) => StatusCode::TOO_MANY_REQUESTS,
             NotTaken::Barred(Barred::NoRoute {
                 unparsable_body: Some(_),

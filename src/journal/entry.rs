@@ -51,6 +51,8 @@ pub enum Attempted {
     Stopped,
     /// Not tried: the endpoint was down when the branch came to it.
     SkippedDown,
+    /// Not tried: an operator had drained the endpoint.
+    SkippedDrained,
     /// The branch held the message while its whole list was down.
     Held(Duration),
 }
@@ -68,6 +70,7 @@ impl Attempted {
             Self::Refused => "refused",
             Self::Stopped => "stopped",
             Self::SkippedDown => "skipped-down",
+            Self::SkippedDrained => "skipped-drained",
             Self::Held(_) => "held",
         }
     }

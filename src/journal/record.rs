@@ -74,7 +74,7 @@ pub struct AttemptRecord {
     /// The endpoint's name.
     pub endpoint: String,
     /// `confirmed`, `returned`, `nacked`, `timed-out`, `lost`,
-    /// `unreachable`, `refused`, `stopped`, `skipped-down` or `held`.
+    /// `unreachable`, `refused`, `stopped`, `skipped-down`, `skipped-drained` or `held`.
     pub outcome: String,
     /// When it ended (RFC 3339).
     pub at: String,

@@ -100,7 +100,7 @@ pub(crate) fn route_for_caller(
 
 /// `plan`, ending at once on an outage.
 pub(crate) fn for_caller(mut plan: BranchPlan) -> BranchPlan {
-    plan.outage = Outage::DeadLetter { after: None };
+    plan.outage = Outage::Answer;
     plan
 }
 
@@ -277,11 +277,7 @@ mod tests {
         let Ok(plans) = plans else {
             panic!("not routed");
         };
-        assert!(
-            plans
-                .iter()
-                .all(|p| matches!(p.outage, Outage::DeadLetter { after: None }))
-        );
+        assert!(plans.iter().all(|p| p.outage == Outage::Answer));
     }
 
     /// A no-route says when the body parsed as none of the formats body

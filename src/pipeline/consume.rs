@@ -35,6 +35,7 @@ use crate::broker::{
 };
 use crate::envelope::Envelope;
 use crate::reload::Reload;
+use crate::routing::BranchPlan;
 use crate::telemetry::Telemetry;
 use std::future::Future;
 use std::pin::Pin;
@@ -321,15 +322,19 @@ impl Consumer {
             match next {
                 Some(Ok((envelope, receipt))) => {
                     // A message that came while the consumer waited idle,
-                    // as the journal stopped taking work (`hold`): it waits
-                    // here, unforwarded, until the journal can record it.
-                    let recorder = &self.live.common.recorder;
-                    if recorder.holding() {
+                    // as the group was paused or the journal stopped taking
+                    // work (`hold`): it waits here, unforwarded, until
+                    // resumed and recordable.
+                    let common = &self.live.common;
+                    while self.live.taking_nothing() {
                         tokio::select! {
                             biased;
                             () = &mut stopping => return Event::Shutdown,
                             () = &mut closed => return Event::Lost,
-                            () = recorder.until_taking() => {}
+                            () = async {
+                                common.group.until_resumed().await;
+                                common.recorder.until_taking().await;
+                            } => {}
                         }
                     }
                     self.dispatch(envelope, receipt, permit);
@@ -422,11 +427,28 @@ impl Consumer {
                 consumer.sessions.admit(id, arrival, &generation);
                 return;
             }
+            // A registrable branch no service has registered into: held
+            // until one does (below).
+            Admission::Route(plans) if plans.iter().any(BranchPlan::is_empty) => Err(None),
             Admission::Route(plans) => Ok(generation.engine.start(&envelope, plans)),
-            Admission::Barred(barred) => Err(Verdict::barred(barred)),
+            Admission::Barred(barred) => Err(Some(Verdict::barred(barred))),
         };
         let in_flight = telemetry.transaction_started();
+        let live = consumer.live.clone();
         let transaction = async move {
+            let (generation, started) = match started {
+                Err(None) => match live.routable(&envelope, receipt.lost()).await {
+                    Some((generation, Ok(plans))) => {
+                        let started = generation.engine.start(&envelope, plans);
+                        (generation, Ok(started))
+                    }
+                    Some((generation, Err(barred))) => (generation, Err(Verdict::barred(barred))),
+                    // The channel was lost while waiting: the broker redelivers it.
+                    None => return drop(in_flight),
+                },
+                Err(Some(verdict)) => (generation, Err(verdict)),
+                Ok(started) => (generation, Ok(started)),
+            };
             let recorder = &generation.recorder;
             // Nothing is gathered for the journal when nothing records.
             let recording = recorder.wanted();

@@ -14,8 +14,11 @@ use super::engine::{Engine, Outages};
 use super::record::Recorder;
 use super::screen::Screen;
 use super::settle::Settler;
-use crate::broker::{Blocking, Connector, EndpointHealth, Publish, Publisher, Publishers, Role};
+use crate::broker::{
+    Blocking, Connector, Drains, EndpointHealth, Publish, Publisher, Publishers, Role,
+};
 use crate::config::Settings;
+use crate::control::Group;
 use crate::destination::{DeadLetterMode, Endpoint};
 use crate::telemetry::Telemetry;
 use std::collections::BTreeMap;
@@ -64,6 +67,11 @@ pub(super) struct Common {
     pub(super) background: TaskTracker,
     /// Where every settled message is recorded, whichever generation.
     pub(super) recorder: Recorder,
+    /// The endpoints an operator drained, read by every generation's
+    /// publishers.
+    pub(super) drains: Drains,
+    /// The group's pause, drains and registrations.
+    pub(super) group: Group,
     pub(super) telemetry: Telemetry,
 }
 
@@ -71,12 +79,17 @@ impl Common {
     /// What the generations of a forwarder reporting to `telemetry` share,
     /// fresh.
     pub(super) fn new(telemetry: Telemetry) -> Self {
+        let health_epoch = Arc::new(watch::Sender::new(0));
+        let drains = Drains::new(health_epoch.clone());
+        let group = Group::new(None, "", String::new(), drains.clone(), telemetry.clone());
         Self {
-            health_epoch: Arc::new(watch::Sender::new(0)),
+            health_epoch,
             publishers_stop: CancellationToken::new(),
             outages: Outages::new(telemetry.clone()),
             background: TaskTracker::new(),
             recorder: Recorder::default(),
+            drains,
+            group,
             telemetry,
         }
     }
@@ -132,7 +145,8 @@ impl Generation {
                 parts.publisher(endpoint, old, &publish_connectors)
             }),
             common.health_epoch.subscribe(),
-        );
+        )
+        .draining(common.drains.clone());
         let sample_ratio = settings.otlp.as_ref().map_or(1.0, |o| o.sample_ratio);
         let engine = Engine::new(
             Arc::new(publishers.clone()),

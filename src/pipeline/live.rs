@@ -3,10 +3,14 @@
 //! on reload. A reload is prepared (its topology declared) while consuming
 //! goes on; a rejected one changes nothing.
 
+use super::admit::route;
 use super::generation::{Common, Generation};
+use super::outcome::Barred;
 use crate::broker::{declare_endpoint_queue, prepare_inbound};
 use crate::config::Settings;
+use crate::envelope::Envelope;
 use crate::reload::Reload;
+use crate::routing::BranchPlan;
 use crate::telemetry::Telemetry;
 use std::sync::Arc;
 use tokio::sync::watch;
@@ -16,6 +20,11 @@ use tokio_util::sync::CancellationToken;
 pub(super) struct Live {
     /// Each transaction keeps the generation it started with.
     generation: watch::Sender<Arc<Generation>>,
+    /// The configuration as its file says, before registrations join it.
+    base: std::sync::Mutex<Settings>,
+    /// Held while a new generation is made, so that a reload and a
+    /// registration never build from the same one.
+    switching: tokio::sync::Mutex<()>,
     pub(super) common: Common,
     telemetry: Telemetry,
 }
@@ -23,12 +32,33 @@ pub(super) struct Live {
 impl Live {
     /// Generation 1, from `settings`.
     pub(super) fn new(settings: Settings, common: Common) -> Self {
-        let first = Generation::build(1, settings, None, &common);
+        let first = Generation::build(1, settings.clone(), None, &common);
         Self {
             generation: watch::Sender::new(Arc::new(first)),
+            base: std::sync::Mutex::new(settings),
+            switching: tokio::sync::Mutex::new(()),
             telemetry: common.telemetry.clone(),
             common,
         }
+    }
+
+    /// The configuration as its file says (without registrations).
+    pub(super) fn base(&self) -> Settings {
+        self.base.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Switches to a generation whose registrable branches list the
+    /// endpoints registered now: new messages use them, transactions in
+    /// flight keep the lists they started with.
+    pub(super) async fn reregister(&self) {
+        let _switching = self.switching.lock().await;
+        let registered = self.common.group.registered().borrow().clone();
+        let settings = self.base().with_registered(&registered);
+        let current = self.current();
+        let next = Generation::build(current.number + 1, settings, Some(&current), &self.common);
+        let next = Arc::new(next);
+        self.generation.send_replace(next.clone());
+        self.announce(&next);
     }
 
     /// The live generation.
@@ -41,16 +71,23 @@ impl Live {
         self.generation.subscribe()
     }
 
-    /// Returns once no publishing broker of the live generation blocks
-    /// publishers and no branch waits out an outage.
+    /// Whether new messages wait: the group is paused, or the journal
+    /// cannot record them (`on_unavailable = "hold"`).
+    pub(super) fn taking_nothing(&self) -> bool {
+        self.common.group.paused() || self.common.recorder.holding()
+    }
+
+    /// Returns once the group is not paused, no publishing broker of the
+    /// live generation blocks publishers and no branch waits out an outage.
     pub(super) async fn wait_until_publishing(&self) {
         loop {
             // Checked first, so the usual case makes no receiver at all.
             let generation = self.current();
             let journal = &self.common.recorder;
-            if generation.publishing() && !journal.holding() {
+            if generation.publishing() && !self.taking_nothing() {
                 return;
             }
+            self.common.group.until_resumed().await;
             // `on_unavailable = "hold"`: nothing new is taken while the
             // journal cannot record it.
             journal.until_taking().await;
@@ -58,6 +95,30 @@ impl Live {
                 let _ = blocking.clone().wait_for(|b| !b.blocked).await;
             }
             self.common.outages.none().await;
+        }
+    }
+
+    /// Waits, counted as an outage hold (so consuming pauses), for a live
+    /// generation under which every branch `envelope` takes has an
+    /// endpoint (a service registered into a branch that had none); then
+    /// its routing of `envelope`. `None` when `lost` is cancelled first.
+    pub(super) async fn routable(
+        &self,
+        envelope: &Envelope,
+        lost: &CancellationToken,
+    ) -> Option<(Arc<Generation>, Result<Vec<BranchPlan>, Barred>)> {
+        let mut changes = self.subscribe();
+        let _held = self.common.outages.counted();
+        loop {
+            let generation = changes.borrow_and_update().clone();
+            match route(&generation.settings.routing, envelope) {
+                Ok(plans) if plans.iter().any(BranchPlan::is_empty) => {}
+                routed => return Some((generation, routed)),
+            }
+            tokio::select! {
+                () = lost.cancelled() => return None,
+                changed = changes.changed() => changed.ok()?,
+            }
         }
     }
 
@@ -76,13 +137,16 @@ impl Live {
     /// changes nothing. Returns whether the live generation changed in a
     /// way that needs a new consumer.
     pub(super) async fn reload(&self, reload: Reload, shutdown: &CancellationToken) -> bool {
-        let settings = match reload {
+        let base = match reload {
             Ok(settings) => settings,
             Err(why) => {
                 self.telemetry.reload_rejected(&why);
                 return false;
             }
         };
+        let _switching = self.switching.lock().await;
+        // Registrations, drains and a pause outlive a reload.
+        let settings = base.with_registered(&self.common.group.registered().borrow());
         let current = self.current();
         let next = Generation::build(current.number + 1, settings, Some(&current), &self.common);
         let inbound_differs = current.inbound_differs(&next);
@@ -129,6 +193,7 @@ impl Live {
                 .reload_needs_restart("admin.listen", "the admin listener keeps its address");
         }
         let next = Arc::new(next);
+        *self.base.lock().unwrap_or_else(|e| e.into_inner()) = base;
         self.generation.send_replace(next.clone());
         self.announce(&next);
         inbound_differs

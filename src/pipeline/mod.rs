@@ -39,6 +39,7 @@ pub(crate) mod record;
 pub mod screen;
 pub mod sessions;
 pub mod settle;
+pub mod steering;
 #[cfg(test)]
 mod testkit;
 
@@ -113,6 +114,13 @@ impl Forwarder {
     pub fn new(settings: Settings, telemetry: Telemetry) -> Self {
         let mut common = Common::new(telemetry.clone());
         common.recorder = record::Recorder::new(&settings, &telemetry);
+        common.group = crate::control::Group::new(
+            settings.control.clone(),
+            &settings.name,
+            crate::control::group::instance_name(),
+            common.drains.clone(),
+            telemetry.clone(),
+        );
         let tracker = TaskTracker::new();
         let abandon = CancellationToken::new();
         Self {
@@ -167,17 +175,31 @@ impl Forwarder {
             consuming: self.consuming.clone(),
             prepared: self.prepared.clone(),
             generation: self.live.subscribe(),
+            group: self.live.common.group.clone(),
         }
+    }
+
+    /// A handle to steer the running forwarder's group (the admin
+    /// endpoint's `/control` and `/registry`).
+    pub fn steering(&self) -> steering::Steering {
+        steering::Steering::new(self.live.clone())
     }
 
     /// Runs until `shutdown` is cancelled, then drains and closes.
     pub async fn run(mut self, shutdown: CancellationToken) -> Result<(), RunError> {
-        self.live
-            .common
-            .recorder
-            .start(&self.live.common.background);
+        let common = &self.live.common;
+        common.recorder.start(&common.background);
+        common
+            .group
+            .start(&common.background, common.publishers_stop.clone());
+        self.follow_registrations();
         let first = self.live.current();
         self.prepare(&first, &shutdown).await?;
+        // The group's pause, drains and registrations hold before any work is taken.
+        tokio::select! {
+            () = shutdown.cancelled() => {}
+            () = common.group.recovered() => {}
+        }
         if !shutdown.is_cancelled() {
             for reason in outcome::Reason::ALL {
                 self.telemetry.reason_known(reason.as_str());
@@ -232,6 +254,25 @@ impl Forwarder {
         }
         self.telemetry.stopped();
         Ok(())
+    }
+
+    /// Switches generations as services register and leave, until the
+    /// publishers stop.
+    fn follow_registrations(&self) {
+        let live = self.live.clone();
+        let stop = live.common.publishers_stop.clone();
+        let mut changes = live.common.group.registered();
+        self.live.common.background.spawn(async move {
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    changed = changes.changed() => if changed.is_err() {
+                        return;
+                    },
+                }
+                live.reregister().await;
+            }
+        });
     }
 
     /// Declares what `generation` asks for, retrying while the broker
@@ -347,13 +388,20 @@ pub struct Readiness {
     consuming: Arc<AtomicBool>,
     prepared: Arc<AtomicBool>,
     generation: watch::Receiver<Arc<Generation>>,
+    group: crate::control::Group,
 }
 
 impl Readiness {
     /// `Ok` when ready; otherwise why not.
     pub fn check(&self) -> Result<(), NotReady> {
+        if !self.group.is_recovered() {
+            return Err(NotReady::Recovering);
+        }
         let generation = self.generation.borrow().clone();
         let consumes = generation.settings.inbound().is_some();
+        if self.group.paused() {
+            return Err(NotReady::Paused);
+        }
         if consumes && !self.consuming.load(Ordering::Relaxed) {
             return Err(NotReady::NotConsuming);
         }
@@ -391,6 +439,14 @@ pub enum NotReady {
     /// Its topology is not prepared yet.
     #[error("starting: the topology is not prepared yet")]
     Starting,
+    /// It has not read its group's state from the control stream yet.
+    #[error(
+        "starting: reading the group's pause, drains and registrations from the control stream"
+    )]
+    Recovering,
+    /// An operator paused the group.
+    #[error("paused by an operator: no new message is taken (POST /control/resume resumes)")]
+    Paused,
     /// Branches with no endpoint up, in filter-table order; never empty.
     #[error("{}", joined(.0))]
     NoEndpointUp(Vec<DownBranch>),
@@ -398,12 +454,23 @@ pub enum NotReady {
 
 /// A branch none of whose endpoints is up.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("branch {branch} has no endpoint up ({})", .endpoints.join(", "))]
+#[error("{}", down_line(.branch, .endpoints))]
 pub struct DownBranch {
     /// The branch's name.
     pub branch: String,
     /// Its endpoints, in list order.
     pub endpoints: Vec<String>,
+}
+
+fn down_line(branch: &str, endpoints: &[String]) -> String {
+    if endpoints.is_empty() {
+        format!("branch {branch} has no endpoint: none registered yet")
+    } else {
+        format!(
+            "branch {branch} has no endpoint up ({})",
+            endpoints.join(", ")
+        )
+    }
 }
 
 fn joined(down: &[DownBranch]) -> String {

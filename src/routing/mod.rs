@@ -54,6 +54,9 @@ pub enum Outage {
         /// How long to hold first (`outage_timeout_ms`).
         after: Option<std::time::Duration>,
     },
+    /// A caller waits for the outcome (the HTTP ingress): end at once as
+    /// an outage, whatever the cause, so the caller is told to come back.
+    Answer,
 }
 
 impl Outage {
@@ -62,6 +65,7 @@ impl Outage {
         match self {
             Self::DeadLetter { .. } => "dead_letter",
             Self::Wait => "wait",
+            Self::Answer => "answer",
         }
     }
 }
@@ -77,11 +81,14 @@ pub struct Branch {
     strategy: Strategy,
     required: bool,
     outage: Outage,
+    /// Services may register endpoints into its list.
+    registrable: bool,
     next_start: AtomicUsize,
 }
 
 impl Branch {
-    /// A branch; `endpoints` is `[endpoint] + backup_list` and is never empty.
+    /// A branch; `endpoints` is `[endpoint] + backup_list`, empty only for
+    /// a registrable branch (whose messages wait for a registration).
     pub fn new(
         name: impl Into<Arc<str>>,
         filter_name: impl Into<String>,
@@ -99,6 +106,38 @@ impl Branch {
             strategy,
             required: false,
             outage: Outage::Wait,
+            registrable: false,
+            next_start: AtomicUsize::new(0),
+        }
+    }
+
+    /// This branch, taking endpoints that services register when
+    /// `registrable`.
+    pub fn with_registrable(mut self, registrable: bool) -> Self {
+        self.registrable = registrable;
+        self
+    }
+
+    /// Whether services may register endpoints into its list.
+    pub fn registrable(&self) -> bool {
+        self.registrable
+    }
+
+    /// The same branch with `extra` appended to its list (a round robin
+    /// rotates over them too).
+    fn extended(&self, extra: &[Arc<Endpoint>]) -> Self {
+        let mut endpoints = self.endpoints.to_vec();
+        endpoints.extend(extra.iter().cloned());
+        Self {
+            name: self.name.clone(),
+            filter_name: self.filter_name.clone(),
+            filter: self.filter.clone(),
+            priority: self.priority,
+            endpoints: endpoints.into(),
+            strategy: self.strategy,
+            required: self.required,
+            outage: self.outage,
+            registrable: self.registrable,
             next_start: AtomicUsize::new(0),
         }
     }
@@ -137,7 +176,7 @@ impl Branch {
             Strategy::RoundRobin => {
                 // Kept below the list length, so the rotation never jumps
                 // when a counter would wrap.
-                let n = self.endpoints.len();
+                let n = self.endpoints.len().max(1);
                 match self
                     .next_start
                     .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| Some((s + 1) % n))
@@ -171,6 +210,12 @@ impl BranchPlan {
     pub fn endpoints(&self) -> impl Iterator<Item = &Arc<Endpoint>> {
         let n = self.endpoints.len();
         (0..n).map(move |i| &self.endpoints[(self.start + i) % n])
+    }
+
+    /// Whether its list has no endpoint at all (a registrable branch no
+    /// service has registered into).
+    pub fn is_empty(&self) -> bool {
+        self.endpoints.is_empty()
     }
 
     /// The endpoint tried `i`-th (from 0), if the list is that long.
@@ -235,6 +280,31 @@ impl RoutingTable {
         plans
     }
 
+    /// The same table, each registrable branch's list extended by the
+    /// endpoints `registered` holds for it (by branch name).
+    pub fn with_registered(
+        &self,
+        registered: &std::collections::BTreeMap<String, Vec<Arc<Endpoint>>>,
+    ) -> Self {
+        let branches = self
+            .branches
+            .iter()
+            .map(|b| {
+                let extra = registered
+                    .get(b.name())
+                    .filter(|_| b.registrable)
+                    .map_or(&[][..], Vec::as_slice);
+                b.extended(extra)
+            })
+            .collect();
+        Self { branches }
+    }
+
+    /// The branch named `name`.
+    pub fn branch(&self, name: &str) -> Option<&Branch> {
+        self.branches.iter().find(|b| b.name() == name)
+    }
+
     /// Every branch name, in table order.
     pub fn branch_names(&self) -> impl Iterator<Item = &str> {
         self.branches.iter().map(Branch::name)
@@ -268,8 +338,13 @@ impl RoutingTable {
                 Strategy::RoundRobin => "round_robin",
             };
             let required = if b.required { ", required" } else { "" };
+            let registrable = if b.registrable { ", registrable" } else { "" };
+            let mut list = endpoints.join(" -> ");
+            if list.is_empty() {
+                list = "(registered endpoints)".to_owned();
+            }
             let outage = match b.outage {
-                Outage::Wait => String::new(),
+                Outage::Wait | Outage::Answer => String::new(),
                 Outage::DeadLetter { after: None } => ", outage dead_letter".to_owned(),
                 Outage::DeadLetter { after: Some(after) } => {
                     format!(", outage dead_letter after {} ms", after.as_millis())
@@ -277,14 +352,8 @@ impl RoutingTable {
             };
             let _ = writeln!(
                 out,
-                "  priority {:>3}  {:<20} filter {:<16} {} [{}{}{}]",
-                b.priority,
-                b.name,
-                b.filter_name,
-                endpoints.join(" -> "),
-                strategy,
-                required,
-                outage
+                "  priority {:>3}  {:<20} filter {:<16} {} [{}{}{}{}]",
+                b.priority, b.name, b.filter_name, list, strategy, required, registrable, outage
             );
         }
         out

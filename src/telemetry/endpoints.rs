@@ -2,7 +2,7 @@
 //! refused by the broker, and the `switchyard_endpoint_up` gauge.
 
 use super::Telemetry;
-use super::metrics::EndpointLabels;
+use super::metrics::{EndpointLabels, EndpointStateLabels};
 use std::fmt::Display;
 
 impl Telemetry {
@@ -88,5 +88,38 @@ impl Telemetry {
                 endpoint: endpoint.to_owned(),
             })
             .set(i64::from(up));
+        self.endpoint_state(endpoint);
+    }
+
+    /// Sets `switchyard_endpoint_state` for `endpoint` from its up gauge
+    /// and whether it is drained.
+    pub(super) fn endpoint_state(&self, endpoint: &str) {
+        let metrics = &self.metrics;
+        let drained = metrics
+            .drained
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(endpoint);
+        let up = metrics
+            .endpoint_up
+            .get_or_create(&EndpointLabels {
+                endpoint: endpoint.to_owned(),
+            })
+            .get()
+            == 1;
+        let state = match (drained, up) {
+            (true, _) => "drained",
+            (false, true) => "up",
+            (false, false) => "down",
+        };
+        for each in ["up", "down", "drained"] {
+            metrics
+                .endpoint_state
+                .get_or_create(&EndpointStateLabels {
+                    endpoint: endpoint.to_owned(),
+                    state: each,
+                })
+                .set(i64::from(each == state));
+        }
     }
 }

@@ -30,6 +30,8 @@ pub struct StartupSummary<'a> {
     pub journal: String,
     /// `off`, or where spans are exported.
     pub otlp: String,
+    /// `off`, or the control stream and who may send commands.
+    pub control: String,
 }
 
 impl Telemetry {
@@ -51,6 +53,7 @@ impl Telemetry {
             http = summary.http.as_str(),
             journal = summary.journal.as_str(),
             otlp = summary.otlp.as_str(),
+            control = summary.control.as_str(),
             "starting"
         );
     }

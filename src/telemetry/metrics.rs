@@ -85,6 +85,17 @@ pub(super) struct EndpointLabels {
     pub(super) endpoint: String,
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct EndpointStateLabels {
+    pub(super) endpoint: String,
+    pub(super) state: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct BranchLabels {
+    pub(super) branch: String,
+}
+
 /// Branch -> endpoint -> counter.
 pub(super) type ByRoute = HashMap<Arc<str>, HashMap<Arc<str>, Counter>>;
 
@@ -138,6 +149,11 @@ pub(super) struct Metrics {
     pub(super) outage_holds: Gauge,
     pub(super) broker_node: Family<NodeLabels, Gauge>,
     pub(super) endpoint_up: Family<EndpointLabels, Gauge>,
+    pub(super) endpoint_state: Family<EndpointStateLabels, Gauge>,
+    /// Endpoints drained now, for `endpoint_state`.
+    pub(super) drained: std::sync::Mutex<rustc_hash::FxHashSet<String>>,
+    pub(super) paused: Gauge,
+    pub(super) registrations: Family<BranchLabels, Gauge>,
     pub(super) config_generation: Gauge,
     pub(super) http_requests: Family<CodeLabels, Counter>,
     pub(super) http_seconds: Histogram,
@@ -183,6 +199,10 @@ impl Metrics {
             outage_holds: Gauge::default(),
             broker_node: Family::default(),
             endpoint_up: Family::default(),
+            endpoint_state: Family::default(),
+            drained: std::sync::Mutex::default(),
+            paused: Gauge::default(),
+            registrations: Family::default(),
             config_generation: Gauge::default(),
             http_requests: Family::default(),
             http_seconds: Histogram::new(REQUEST_BUCKETS),
@@ -275,6 +295,21 @@ impl Metrics {
             "switchyard_endpoint_up",
             "1 while an endpoint is used, 0 while it is down and probed",
             metrics.endpoint_up.clone(),
+        );
+        r.register(
+            "switchyard_endpoint_state",
+            "1 for an endpoint's state now (up, down or drained), 0 for the other two",
+            metrics.endpoint_state.clone(),
+        );
+        r.register(
+            "switchyard_paused",
+            "1 while the group is paused (no new message taken), 0 otherwise",
+            metrics.paused.clone(),
+        );
+        r.register(
+            "switchyard_registrations",
+            "Service instances registered into a branch now, by branch",
+            metrics.registrations.clone(),
         );
         r.register(
             "switchyard_config_generation",

@@ -24,6 +24,7 @@
 
 mod broker;
 mod consumer;
+mod control;
 mod delivery;
 mod endpoints;
 mod http;

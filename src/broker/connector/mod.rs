@@ -74,6 +74,8 @@ pub enum Role {
     Journal,
     /// Reading the journal (`switchyard trace`).
     Trace,
+    /// Following and writing the group's control stream.
+    Control,
 }
 
 impl Role {
@@ -84,6 +86,7 @@ impl Role {
             Self::Publish => "publish",
             Self::Journal => "journal",
             Self::Trace => "trace",
+            Self::Control => "control",
         }
     }
 }

@@ -46,6 +46,12 @@ pub enum PublishFailure {
     /// The publisher is shutting down.
     #[error("publisher stopped")]
     Stopped,
+    /// The list has no endpoint to publish to: every one is drained, or
+    /// none is registered yet. An outage, never the message's fault.
+    #[error(
+        "no endpoint to publish to: every endpoint of the list is drained, or none is registered"
+    )]
+    NoEndpoint,
 }
 
 impl PublishFailure {
@@ -67,7 +73,9 @@ impl PublishFailure {
     /// user. A list exhausted only by these is an outage, held by default.
     pub fn is_outage(&self) -> bool {
         match self {
-            Self::Timeout(_) | Self::Unreachable(_) | Self::NackedSettling => true,
+            Self::Timeout(_) | Self::Unreachable(_) | Self::NackedSettling | Self::NoEndpoint => {
+                true
+            }
             Self::Broker(e) => matches!(e.fault(), Fault::Connection | Fault::Refused),
             Self::Nacked | Self::Returned { .. } | Self::Rejected(_) | Self::Stopped => false,
         }

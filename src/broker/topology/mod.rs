@@ -134,6 +134,34 @@ pub async fn declare_journal_stream(
     Ok(())
 }
 
+/// Declares the group's control stream (`x-queue-type = stream`), with
+/// `x-max-length-bytes` and segments small enough for retention to trim
+/// it (a stream drops whole segments only).
+pub async fn declare_control_stream(
+    connector: &Connector,
+    control: &crate::config::Control,
+) -> Result<(), TopologyError> {
+    let mut spec = QueueSpec::new(
+        "control.stream",
+        &control.stream,
+        &control.broker.name,
+        true,
+    );
+    spec.require(
+        "x-queue-type",
+        Some(AmqpValue::LongString("stream".into())),
+        Setting::Stream,
+    );
+    let bytes = i64::try_from(control.max_bytes).unwrap_or(i64::MAX);
+    spec.prefer("x-max-length-bytes", AmqpValue::LongLongInt(bytes));
+    spec.prefer(
+        "x-stream-max-segment-size-bytes",
+        AmqpValue::LongLongInt((bytes / 8).clamp(1 << 16, 8 << 20)),
+    );
+    ensure_queue(connector, &spec).await?;
+    Ok(())
+}
+
 /// Checks, creating nothing, that the journal's stream exists and is a
 /// stream: `Ok(false)` when no queue has its name; an existing stream is
 /// declared as `run` declares it (which changes nothing), so a queue of

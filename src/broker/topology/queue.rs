@@ -337,9 +337,9 @@ fn advice(required: &Required, current: Option<&str>) -> String {
         (Setting::DeadLetterRoutingKey, None) => "its dead letters keep their own routing key \
              and miss dead_letter.routing_key: set dead_letter.mode = \"republish\""
             .to_owned(),
-        (Setting::Stream, _) => {
-            "the journal needs a stream: set journal.stream to another name".to_owned()
-        }
+        (Setting::Stream, _) => "switchyard needs a stream by that name: set journal.stream (or \
+             control.stream) to another name"
+            .to_owned(),
         (Setting::SingleActiveConsumer, _) => {
             "set inbound.single_active_consumer = false".to_owned()
         }

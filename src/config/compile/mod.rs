@@ -69,6 +69,13 @@ pub fn compile(raw: &RawConfig) -> Result<Settings> {
     let inbound_broker = queue.as_ref().map(|(inbound, _)| inbound.broker.as_str());
     let journal = super::journal::compile_journal(&raw.journal, &brokers, inbound_broker)?;
     let otlp = super::journal::compile_otlp(raw.telemetry.otlp.as_ref())?;
+    let control = super::control::compile_control(
+        &raw.control,
+        &raw.admin,
+        admin_listen,
+        &brokers,
+        inbound_broker,
+    )?;
 
     Ok(Settings {
         name: raw.name.clone(),
@@ -83,6 +90,7 @@ pub fn compile(raw: &RawConfig) -> Result<Settings> {
         http,
         journal,
         otlp,
+        control,
         compiled: Compiled::new(),
     })
 }

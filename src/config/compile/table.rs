@@ -76,7 +76,11 @@ fn compile_entry(
             ));
         }
         Some(n) => n.clone(),
-        None => format!("{}->{}", entry.filter, entry.endpoint),
+        None => format!(
+            "{}->{}",
+            entry.filter,
+            entry.endpoint.as_deref().unwrap_or("registered")
+        ),
     };
     Ok(Branch::new(
         name,
@@ -87,7 +91,8 @@ fn compile_entry(
         strategy,
     )
     .with_required(entry.required)
-    .with_outage(outage))
+    .with_outage(outage)
+    .with_registrable(entry.registrable))
 }
 
 /// A branch's endpoint list: its endpoint, then the members of its backup
@@ -98,17 +103,31 @@ fn branch_list(
     endpoints: &BTreeMap<String, Arc<Endpoint>>,
     key: &dyn Fn(&str) -> String,
 ) -> Result<Vec<Arc<Endpoint>>> {
-    let first = endpoints.get(&entry.endpoint).ok_or_else(|| {
-        InvalidKey::new(
-            key("endpoint"),
-            format!(
-                "unknown endpoint \"{}\" (defined: {})",
-                entry.endpoint,
-                names(endpoints)
-            ),
-        )
-    })?;
-    let mut list = vec![first.clone()];
+    let mut list = Vec::new();
+    match &entry.endpoint {
+        Some(first) => list.push(
+            endpoints
+                .get(first)
+                .ok_or_else(|| {
+                    InvalidKey::new(
+                        key("endpoint"),
+                        format!(
+                            "unknown endpoint \"{first}\" (defined: {})",
+                            names(endpoints)
+                        ),
+                    )
+                })?
+                .clone(),
+        ),
+        None if entry.registrable => {}
+        None => {
+            return Err(InvalidKey::new(
+                key("endpoint"),
+                "is missing: name the branch's first endpoint (only a registrable = true \
+                 entry may leave it out, to take the endpoints services register)",
+            ));
+        }
+    }
     if let Some(backup) = &entry.backup_list {
         let members = raw.backup_lists.get(backup).ok_or_else(|| {
             InvalidKey::new(

@@ -104,7 +104,7 @@ impl Engine {
 /// A run of one whose first attempts are on the wire.
 pub struct Started {
     envelope: Arc<Envelope>,
-    branches: Vec<(BranchRun, Attempt)>,
+    branches: Vec<(BranchRun, Option<Attempt>)>,
 }
 
 impl Started {
@@ -122,7 +122,7 @@ impl Started {
         let deliveries = branches.into_iter().map(|(mut branch, first)| {
             let walk = &walk;
             async move {
-                let outcome = branch.deliver(run, Some(first), walk).await;
+                let outcome = branch.deliver(run, first, walk).await;
                 (outcome, branch.take_trail())
             }
         });

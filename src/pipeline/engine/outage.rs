@@ -106,6 +106,12 @@ impl Outages {
 }
 
 impl Outages {
+    /// Counts one holder while the returned guard lives (a message waiting
+    /// for an endpoint to be registered).
+    pub fn counted(&self) -> impl Drop + '_ {
+        Counted::new(self)
+    }
+
     /// Counted as holding, waits `delay` before a transient failure's
     /// endpoint is tried again; false when `lost` is cancelled first.
     pub(super) async fn pause(&self, delay: Duration, lost: &CancellationToken) -> bool {

@@ -100,7 +100,7 @@ impl BranchRun {
             trail: engine.recording.then(Vec::new),
             submitted: None,
         };
-        run.skipped(0..at, 0);
+        run.skipped(engine, 0..at, 0);
         run
     }
 
@@ -128,18 +128,21 @@ impl BranchRun {
 
     /// Publishes `envelope`, the first message of a run, to the endpoint
     /// the branch starts on, now: its outcome is `deliver`'s `first`.
-    pub fn submit(&mut self, engine: &Engine, envelope: &Arc<Envelope>) -> Attempt {
-        match self.plan.endpoint(self.at) {
-            Some(endpoint) => {
-                let span = wire::nonzero_u64();
-                self.submitted = Some((span, SystemTime::now()));
-                let headers = self.headers(engine, envelope, span, false);
-                engine
-                    .publish
-                    .publish(endpoint, envelope, headers, Mode::Normal)
-            }
-            None => Box::pin(std::future::ready(Err(PublishFailure::Stopped))),
+    /// `None` when there is nothing to publish to (every endpoint drained,
+    /// or none registered): `deliver` holds the message instead.
+    pub fn submit(&mut self, engine: &Engine, envelope: &Arc<Envelope>) -> Option<Attempt> {
+        let endpoint = self.plan.endpoint(self.at)?;
+        if engine.publish.health(endpoint) == Health::Drained {
+            return None;
         }
+        let span = wire::nonzero_u64();
+        self.submitted = Some((span, SystemTime::now()));
+        let headers = self.headers(engine, envelope, span, false);
+        Some(
+            engine
+                .publish
+                .publish(endpoint, envelope, headers, Mode::Normal),
+        )
     }
 
     /// Delivers the last message of `run` (every earlier one is delivered
@@ -166,7 +169,18 @@ impl BranchRun {
             // Whether every failure of this pass down the list says nothing
             // of the message (an outage).
             let mut outage = true;
+            // Whether any endpoint of this pass was tried at all, and
+            // whether one was passed over drained.
+            let (mut tried, mut drained) = (false, false);
             while let Some(endpoint) = self.plan.endpoint(self.at).cloned() {
+                if first.is_none() && walk.engine.publish.health(&endpoint) == Health::Drained {
+                    // Drained: passed over without a word, as the operator asked.
+                    drained = true;
+                    self.skipped(walk.engine, self.at..self.at + 1, newest);
+                    self.move_to(self.at + 1);
+                    continue;
+                }
+                tried = true;
                 for attempt in 0..=endpoint.retries {
                     if first.is_none() && walk.lost.is_cancelled() {
                         return self.abandoned();
@@ -198,8 +212,12 @@ impl BranchRun {
                     }
                 }
                 let next = self.next_endpoint(walk.engine);
-                self.skipped(self.at + 1..next, newest);
-                if let (Some(to), Some((from, error))) = (self.plan.endpoint(next), &last_error) {
+                self.skipped(walk.engine, self.at + 1..next, newest);
+                let to = self
+                    .plan
+                    .endpoint(next)
+                    .filter(|to| walk.engine.publish.health(to) != Health::Drained);
+                if let (Some(to), Some((from, error))) = (to, &last_error) {
                     let session = walk.session.map(|session| Replay {
                         session,
                         replaying: newest - self.confirmed_at(next).min(newest),
@@ -210,15 +228,22 @@ impl BranchRun {
                 self.move_to(next);
             }
             let (endpoint, error) = match last_error {
-                Some((endpoint, error)) if outage && error.is_outage() => (endpoint, error),
+                // A drained endpoint may take it once undrained: held too.
+                Some((endpoint, error)) if (outage && error.is_outage()) || drained => {
+                    (endpoint, error)
+                }
+                // Nothing to publish to (every endpoint drained, or none
+                // registered yet): held as an outage, never dead-lettered.
+                None if !tried => (self.waiting_on(), PublishFailure::NoEndpoint),
                 last => return self.exhausted(telemetry, message_id, last),
             };
             if walk.lost.is_cancelled() {
                 return self.abandoned();
             }
             let deadline = match self.plan.outage {
+                Outage::DeadLetter { .. } | Outage::Wait if !tried || drained => None,
                 Outage::Wait => None,
-                Outage::DeadLetter { after: None } => {
+                Outage::DeadLetter { after: None } | Outage::Answer => {
                     return self.outage(telemetry, message_id, endpoint, error);
                 }
                 Outage::DeadLetter { after: Some(after) } => {
@@ -244,7 +269,7 @@ impl BranchRun {
                     telemetry.outage_retry(message_id, &self.plan.name);
                     let at = first_usable(walk.engine, &self.plan);
                     self.move_to(at);
-                    self.skipped(0..at, newest);
+                    self.skipped(walk.engine, 0..at, newest);
                 }
                 HoldEnd::Lost => return self.abandoned(),
                 HoldEnd::Expired => {
@@ -450,19 +475,23 @@ impl BranchRun {
         });
     }
 
-    /// Records the endpoints at `places` as skipped, being down, on the
-    /// way to the run's message `index`.
-    fn skipped(&mut self, places: std::ops::Range<usize>, index: usize) {
+    /// Records the endpoints at `places` as skipped, being down or
+    /// drained, on the way to the run's message `index`.
+    fn skipped(&mut self, engine: &Engine, places: std::ops::Range<usize>, index: usize) {
         let Some(trail) = &mut self.trail else {
             return;
         };
         let now = SystemTime::now();
         for place in places {
             if let Some(endpoint) = self.plan.endpoint(place) {
+                let outcome = match engine.publish.health(endpoint) {
+                    Health::Drained => Attempted::SkippedDrained,
+                    _ => Attempted::SkippedDown,
+                };
                 trail.push(Tried {
                     index: u32::try_from(index).unwrap_or(u32::MAX),
                     endpoint: endpoint.clone(),
-                    outcome: Attempted::SkippedDown,
+                    outcome,
                     replay: false,
                     span: 0,
                     started: now,
@@ -470,6 +499,15 @@ impl BranchRun {
                 });
             }
         }
+    }
+
+    /// The endpoint a branch with nothing to publish to says it waits on:
+    /// its first (`""` for a list with none).
+    fn waiting_on(&self) -> String {
+        self.plan
+            .endpoint(0)
+            .map(|e| e.name.clone())
+            .unwrap_or_default()
     }
 
     /// Records an outage hold of the run's message `index` for `held`,
@@ -503,9 +541,10 @@ impl BranchRun {
     /// is up, or simply the next when none after it is.
     fn next_endpoint(&self, engine: &Engine) -> usize {
         let after = self.at + 1;
-        (after..)
-            .map_while(|i| self.plan.endpoint(i).map(|e| (i, e)))
+        let rest = || (after..).map_while(|i| self.plan.endpoint(i).map(|e| (i, e)));
+        rest()
             .find(|(_, e)| engine.publish.health(e) == Health::Up)
+            .or_else(|| rest().find(|(_, e)| engine.publish.health(e) != Health::Drained))
             .map_or(after, |(i, _)| i)
     }
 
@@ -546,14 +585,16 @@ fn attempted(sent: &Result<(), PublishFailure>) -> Attempted {
         Err(PublishFailure::Broker(_)) => Attempted::Lost,
         Err(PublishFailure::Unreachable(_)) => Attempted::Unreachable,
         Err(PublishFailure::Rejected(_)) => Attempted::Refused,
-        Err(PublishFailure::Stopped) => Attempted::Stopped,
+        Err(PublishFailure::Stopped | PublishFailure::NoEndpoint) => Attempted::Stopped,
     }
 }
 
 /// Where a branch starts: the first endpoint of its order that is up, or
-/// the first of all when none is.
+/// the first not drained when none is, or the first of all.
 fn first_usable(engine: &Engine, plan: &BranchPlan) -> usize {
+    let health = |e: &Arc<Endpoint>| engine.publish.health(e);
     plan.endpoints()
-        .position(|e| engine.publish.health(e) == Health::Up)
+        .position(|e| health(e) == Health::Up)
+        .or_else(|| plan.endpoints().position(|e| health(e) != Health::Drained))
         .unwrap_or_default()
 }

@@ -87,6 +87,9 @@ impl Intake {
         if self.live.common.recorder.holding() {
             return Err(NotTaken::Unrecorded);
         }
+        if self.live.common.group.paused() {
+            return Err(NotTaken::Paused);
+        }
         let envelope = Arc::new(envelope);
         match admit(&generation, &envelope, self.sessions.membership()) {
             Admission::Barred(barred)

@@ -29,6 +29,11 @@ pub enum NotTaken {
         "the journal cannot be written now (journal.on_unavailable = \"hold\"); try again later"
     )]
     Unrecorded,
+    /// An operator paused the group.
+    #[error(
+        "the forwarder is paused by an operator (POST /control/resume resumes it); try again later"
+    )]
+    Paused,
     /// Every session slot is taken.
     #[error("{0} sessions are open, the most sessions.max_open allows; try again later")]
     SessionsFull(u32),

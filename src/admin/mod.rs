@@ -5,6 +5,8 @@
 //!   branch has an endpoint up, see [`crate::Readiness`]); otherwise 503 with the
 //!   reason in the body.
 //! - `GET /metrics`: every metric in the Prometheus text format.
+//! - `/control/...` and `/registry/...`: commands to the group, with a
+//!   bearer token of `admin.tokens` (see [`control`]).
 //!
 //! Anything else is 404 (405 for another method on these paths). Anyone
 //! who can reach the port can hold its resources only so far: at most
@@ -19,7 +21,10 @@
 //! run does once it has stopped, and gives open connections a moment to
 //! finish their request; how many were still open past it is logged.
 
+mod control;
+
 use crate::listen::gate::{Gate, Served};
+use crate::pipeline::steering::Steering;
 use crate::telemetry::{Listener, METRICS_CONTENT_TYPE, Telemetry};
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
@@ -124,6 +129,7 @@ impl Admin {
         self,
         telemetry: Telemetry,
         readiness: Ready<E>,
+        steering: Option<Steering>,
         stop: CancellationToken,
     ) {
         crate::listen::deepen_backlog(&self.listener);
@@ -137,6 +143,7 @@ impl Admin {
             crate::listen::accept_within(&self.listener, &gate, &stop, failed).await
         {
             let (telemetry, readiness, stop) = (telemetry.clone(), readiness.clone(), stop.clone());
+            let steering = steering.clone();
             connections.spawn(async move {
                 let Some(Served { stream, admitted }) =
                     arrived.first_byte(HEADER_TIMEOUT, &stop).await
@@ -144,10 +151,20 @@ impl Admin {
                     return; // sent nothing in time, or closed for room
                 };
                 let busy = admitted.busy();
-                let service = service_fn(|request| {
+                let service = service_fn(|request: Request<Incoming>| {
                     busy.hold();
-                    let response = respond(&request, &telemetry, &readiness);
-                    async move { Ok::<_, Infallible>(response) }
+                    let steering = steering.clone();
+                    let response = match control::owns(request.uri().path()) {
+                        false => Ok(respond(&request, &telemetry, &readiness)),
+                        true => Err(request),
+                    };
+                    async move {
+                        let response = match response {
+                            Ok(response) => response,
+                            Err(request) => control::respond(request, steering.as_ref()).await,
+                        };
+                        Ok::<_, Infallible>(response)
+                    }
                 });
                 let connection = http1::Builder::new()
                     .timer(TokioTimer::new())
@@ -192,7 +209,7 @@ fn respond<E: Display>(
     if !matches!(path, "/healthz" | "/readyz" | "/metrics") {
         return text(
             StatusCode::NOT_FOUND,
-            "not found: try /healthz, /readyz or /metrics\n".to_owned(),
+            "not found: try /healthz, /readyz, /metrics or /control/status\n".to_owned(),
         );
     }
     if request.method() != Method::GET && request.method() != Method::HEAD {

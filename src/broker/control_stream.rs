@@ -1,0 +1,253 @@
+//! The group's control stream on the broker: a connection of its own
+//! (named `<name>/control/<broker>`), the stream declared, records
+//! appended one at a time with a confirm, and followed from an offset
+//! (`first` when recovering, else the one after the last applied).
+
+use super::closing::close_channel;
+use super::connector::{ConnectError, Connector, Role};
+use super::error::{BrokerError, Unfinished, bounded};
+use super::topology::{TopologyError, declare_control_stream};
+use crate::amqp::{AmqpValue, FieldTable, Properties};
+use crate::config::Control;
+use crate::telemetry::Telemetry;
+use futures_util::StreamExt;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions};
+use lapin::{Channel, Confirmation, Consumer};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::task::TaskTracker;
+
+/// How long an append may wait for its confirm, and a channel to open.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The header RabbitMQ puts on every message it delivers from a stream.
+const OFFSET_HEADER: &str = "x-stream-offset";
+/// Records the follower takes before it acknowledges (stream credit).
+const PREFETCH: u16 = 200;
+
+/// The control stream failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlStreamError {
+    /// No connection to the broker.
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    /// The stream could not be declared.
+    #[error(transparent)]
+    Declare(#[from] TopologyError),
+    /// The broker refused or dropped an operation.
+    #[error("{what}: {error}")]
+    Broker {
+        /// What was being done.
+        what: &'static str,
+        /// The broker's answer.
+        error: BrokerError,
+    },
+    /// The broker did not answer in time.
+    #[error("{0}: no answer from the broker in time")]
+    Timeout(&'static str),
+    /// The broker nacked or returned a record.
+    #[error("the broker refused the record ({0})")]
+    Refused(String),
+    /// The broker ended the consumer (the stream was deleted under it).
+    #[error("the broker cancelled the control stream's consumer (was the stream deleted?)")]
+    Cancelled,
+}
+
+impl ControlStreamError {
+    /// Whether the broker refuses the stream itself (a permission, a queue
+    /// of another type by its name): trying again changes nothing.
+    pub fn is_refusal(&self) -> bool {
+        matches!(self, Self::Declare(e) if e.is_refusal())
+    }
+}
+
+impl From<Unfinished> for ControlStreamError {
+    fn from(unfinished: Unfinished) -> Self {
+        match unfinished {
+            Unfinished::Failed(what, error) => Self::Broker { what, error },
+            Unfinished::Timeout(what) => Self::Timeout(what),
+        }
+    }
+}
+
+/// Where the follower starts reading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// The oldest record the stream keeps.
+    First,
+    /// This offset.
+    Offset(u64),
+}
+
+/// The control stream's connection.
+pub struct ControlStream {
+    connector: Arc<Connector>,
+    settings: Control,
+    writer: Option<Channel>,
+}
+
+impl ControlStream {
+    /// A connection to be made on first use, for instance `name`.
+    pub fn new(
+        settings: &Control,
+        name: &str,
+        background: TaskTracker,
+        telemetry: Telemetry,
+    ) -> Self {
+        let connector = Connector::new(
+            settings.broker.clone(),
+            name,
+            Role::Control,
+            background,
+            telemetry,
+        );
+        Self {
+            connector,
+            settings: settings.clone(),
+            writer: None,
+        }
+    }
+
+    /// Declares the stream (nothing changes on an existing one).
+    pub async fn declare(&self) -> Result<(), ControlStreamError> {
+        declare_control_stream(&self.connector, &self.settings).await?;
+        Ok(())
+    }
+
+    /// Appends one record and waits for its confirm.
+    pub async fn append(&mut self, body: &[u8]) -> Result<(), ControlStreamError> {
+        let channel = match &self.writer {
+            Some(channel) if channel.status().connected() => channel.clone(),
+            _ => {
+                let channel = self.connector.channel(true, WRITE_TIMEOUT).await?;
+                self.writer = Some(channel.clone());
+                channel
+            }
+        };
+        let properties = Properties::default()
+            .with_content_type("application/json".into())
+            .with_delivery_mode(2);
+        let options = BasicPublishOptions {
+            mandatory: true,
+            immediate: false,
+        };
+        let stream = self.settings.stream.as_str();
+        let publish = async {
+            channel
+                .basic_publish("".into(), stream.into(), options, body, properties)
+                .await?
+                .await
+        };
+        let failed = match tokio::time::timeout(WRITE_TIMEOUT, publish).await {
+            Ok(Ok(Confirmation::Ack(None) | Confirmation::NotRequested)) => return Ok(()),
+            Ok(Ok(Confirmation::Ack(Some(r)) | Confirmation::Nack(Some(r)))) => {
+                ControlStreamError::Refused(format!("returned: {} {}", r.reply_code, r.reply_text))
+            }
+            Ok(Ok(Confirmation::Nack(None))) => ControlStreamError::Refused("nacked".to_owned()),
+            Ok(Err(e)) => ControlStreamError::Broker {
+                what: "appending a record",
+                error: BrokerError::from_lapin(&e),
+            },
+            Err(_) => ControlStreamError::Timeout("appending a record"),
+        };
+        if let Some(channel) = self.writer.take() {
+            close_channel(
+                &channel,
+                "control append failed",
+                self.connector.telemetry(),
+            )
+            .await;
+        }
+        Err(failed)
+    }
+
+    /// Follows the stream from `from`.
+    pub async fn follow(&self, from: Start) -> Result<StreamFollower, ControlStreamError> {
+        let channel = self.connector.channel(false, WRITE_TIMEOUT).await?;
+        let qos = BasicQosOptions { global: false };
+        bounded("setting the prefetch", channel.basic_qos(PREFETCH, qos)).await?;
+        let mut arguments = FieldTable::default();
+        let at = match from {
+            Start::First => AmqpValue::LongString("first".into()),
+            Start::Offset(n) => AmqpValue::LongLongInt(i64::try_from(n).unwrap_or(i64::MAX)),
+        };
+        arguments.insert(OFFSET_HEADER.into(), at);
+        let options = BasicConsumeOptions {
+            no_ack: false,
+            ..Default::default()
+        };
+        let stream = self.settings.stream.as_str();
+        let consume = channel.basic_consume(
+            stream.into(),
+            "switchyard-control".into(),
+            options,
+            arguments,
+        );
+        let consumer = bounded("following the control stream", consume).await?;
+        Ok(StreamFollower {
+            channel,
+            consumer,
+            unacked: 0,
+            telemetry: self.connector.telemetry().clone(),
+        })
+    }
+
+    /// Closes the connection.
+    pub async fn close(&mut self) {
+        if let Some(channel) = self.writer.take() {
+            close_channel(&channel, "control stopping", self.connector.telemetry()).await;
+        }
+        self.connector.close().await;
+    }
+}
+
+/// A consumer of the control stream.
+pub struct StreamFollower {
+    channel: Channel,
+    consumer: Consumer,
+    unacked: u16,
+    telemetry: Telemetry,
+}
+
+impl StreamFollower {
+    /// The next record: its offset and its bytes.
+    pub async fn next(&mut self) -> Result<(u64, Vec<u8>), ControlStreamError> {
+        let delivery = match self.consumer.next().await {
+            None => return Err(ControlStreamError::Cancelled),
+            Some(Err(e)) => {
+                return Err(ControlStreamError::Broker {
+                    what: "following the control stream",
+                    error: BrokerError::from_lapin(&e),
+                });
+            }
+            Some(Ok(delivery)) => delivery,
+        };
+        self.unacked += 1;
+        if self.unacked >= PREFETCH / 2 {
+            // On a stream an ack only grants credit for the next records.
+            let ack = BasicAckOptions { multiple: true };
+            bounded(
+                "acknowledging",
+                self.channel.basic_ack(delivery.delivery_tag, ack),
+            )
+            .await?;
+            self.unacked = 0;
+        }
+        let offset = offset(&delivery.properties).unwrap_or(0);
+        Ok((offset, delivery.data))
+    }
+
+    /// Ends the consumer and its channel.
+    pub async fn close(self) {
+        close_channel(&self.channel, "", &self.telemetry).await;
+    }
+}
+
+/// The stream offset RabbitMQ put on a delivery.
+fn offset(properties: &Properties) -> Option<u64> {
+    match properties.headers().as_ref()?.inner().get(OFFSET_HEADER)? {
+        AmqpValue::LongLongInt(n) => u64::try_from(*n).ok(),
+        AmqpValue::LongInt(n) => u64::try_from(*n).ok(),
+        AmqpValue::LongUInt(n) => Some(u64::from(*n)),
+        _ => None,
+    }
+}

@@ -1,0 +1,561 @@
+//! One instance's membership of its group: it follows the control stream
+//! from its start (or from a snapshot, once retention trimmed it), applies
+//! every record of its group in order, and tells the pipeline what
+//! changed (the pause, the drained set, the registered endpoints).
+//!
+//! An instance that starts or reconnects first appends a `hello` record of
+//! its own; reading it back means every command written before it has
+//! been read, so the state in force is known: [`Group::recovered`]. A
+//! command taken on the admin endpoint is appended with a confirm and
+//! answered once this instance has read it back and applied it, so the
+//! answer tells the truth about the state. Every instance acknowledges
+//! each command with an `applied` record, which status shows.
+
+use super::record::{Body, Record, Registration};
+use super::state::{Changed, GroupState};
+use crate::backoff::Backoff;
+use crate::broker::{ControlStream, ControlStreamError, Drains, Start};
+use crate::config::Control;
+use crate::destination::Endpoint;
+use crate::telemetry::Telemetry;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::{oneshot, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// How long a command's sender waits to read it back applied.
+const APPLY_WAIT: Duration = Duration::from_secs(5);
+/// Records read between two snapshots this instance writes.
+const SNAPSHOT_EVERY: u64 = 500;
+/// Records buffered while no base state is known yet, at most.
+const MAX_UNBASED: usize = 100_000;
+
+/// The registered endpoints by branch, in name order.
+pub type Registered = Arc<BTreeMap<String, Vec<Arc<Endpoint>>>>;
+
+/// Why a command was not carried out.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    /// Control is off on this instance (`[control] enabled = false`).
+    #[error("control is off on this instance ([control] enabled = false)")]
+    Off,
+    /// The control stream could not be written.
+    #[error("the control stream cannot be written now: {0}")]
+    Unavailable(ControlStreamError),
+    /// Written, but not read back within the wait.
+    #[error("the command was written but not applied here within {} s; ask for the status", APPLY_WAIT.as_secs())]
+    NotApplied,
+}
+
+/// One instance's view of its group.
+#[derive(Clone)]
+pub struct Group {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    settings: Option<Control>,
+    group: String,
+    instance: String,
+    state: Mutex<GroupState>,
+    paused: watch::Sender<bool>,
+    registered: watch::Sender<Registered>,
+    recovered: watch::Sender<bool>,
+    drains: Drains,
+    waiters: Mutex<HashMap<String, oneshot::Sender<()>>>,
+    stream: tokio::sync::Mutex<Option<ControlStream>>,
+    telemetry: Telemetry,
+}
+
+impl Group {
+    /// Instance `instance` of group `group`, following `settings`' stream
+    /// (`None`: control off, nothing ever paused or registered), setting
+    /// `drains` as the group drains endpoints.
+    pub fn new(
+        settings: Option<Control>,
+        group: &str,
+        instance: String,
+        drains: Drains,
+        telemetry: Telemetry,
+    ) -> Self {
+        let off = settings.is_none();
+        Self {
+            inner: Arc::new(Inner {
+                settings,
+                group: group.to_owned(),
+                instance,
+                state: Mutex::default(),
+                paused: watch::Sender::new(false),
+                registered: watch::Sender::new(Arc::default()),
+                recovered: watch::Sender::new(off),
+                drains,
+                waiters: Mutex::default(),
+                stream: tokio::sync::Mutex::new(None),
+                telemetry,
+            }),
+        }
+    }
+
+    /// This instance's name in the group.
+    pub fn instance(&self) -> &str {
+        &self.inner.instance
+    }
+
+    /// Whether control is on.
+    pub fn on(&self) -> bool {
+        self.inner.settings.is_some()
+    }
+
+    /// The control settings, when on.
+    pub fn settings(&self) -> Option<&Control> {
+        self.inner.settings.as_ref()
+    }
+
+    /// The group's state now.
+    pub fn state(&self) -> GroupState {
+        lock(&self.inner.state).clone()
+    }
+
+    /// Whether the group is paused now.
+    pub fn paused(&self) -> bool {
+        *self.inner.paused.borrow()
+    }
+
+    /// Follows the pause.
+    pub fn pause_changes(&self) -> watch::Receiver<bool> {
+        self.inner.paused.subscribe()
+    }
+
+    /// Returns once the group is not paused.
+    pub async fn until_resumed(&self) {
+        let _ = self.inner.paused.subscribe().wait_for(|p| !p).await;
+    }
+
+    /// Follows the registered endpoints.
+    pub fn registered(&self) -> watch::Receiver<Registered> {
+        self.inner.registered.subscribe()
+    }
+
+    /// Whether the state in force has been read back.
+    pub fn is_recovered(&self) -> bool {
+        *self.inner.recovered.borrow()
+    }
+
+    /// Returns once the state in force has been read back from the stream
+    /// (at once with control off).
+    pub async fn recovered(&self) {
+        let _ = self.inner.recovered.subscribe().wait_for(|r| *r).await;
+    }
+
+    /// Starts following the stream on `background` until `stop`.
+    pub fn start(&self, background: &TaskTracker, stop: CancellationToken) {
+        let Some(settings) = self.inner.settings.clone() else {
+            return;
+        };
+        let stream = ControlStream::new(
+            &settings,
+            &self.inner.group,
+            background.clone(),
+            self.inner.telemetry.clone(),
+        );
+        let group = self.clone();
+        background.spawn(async move {
+            *group.inner.stream.lock().await = Some(stream);
+            group.follow(&settings, &stop).await;
+            if let Some(mut stream) = group.inner.stream.lock().await.take() {
+                stream.close().await;
+            }
+        });
+    }
+
+    /// Appends `body` and waits until this instance has applied it.
+    pub async fn submit(&self, body: Body) -> Result<(), SubmitError> {
+        if self.inner.settings.is_none() {
+            return Err(SubmitError::Off);
+        }
+        let id = uuid::Uuid::new_v4().to_string();
+        let (done, applied) = oneshot::channel();
+        lock(&self.inner.waiters).insert(id.clone(), done);
+        let written = self.append(id.clone(), body).await;
+        if let Err(e) = written {
+            lock(&self.inner.waiters).remove(&id);
+            return Err(SubmitError::Unavailable(e));
+        }
+        match tokio::time::timeout(APPLY_WAIT, applied).await {
+            Ok(Ok(())) => Ok(()),
+            _ => {
+                lock(&self.inner.waiters).remove(&id);
+                Err(SubmitError::NotApplied)
+            }
+        }
+    }
+
+    async fn append(&self, id: String, body: Body) -> Result<(), ControlStreamError> {
+        let record = Record {
+            group: self.inner.group.clone(),
+            instance: self.inner.instance.clone(),
+            id,
+            at_ms: now_ms(),
+            body,
+        };
+        let bytes = serde_json::to_vec(&record).unwrap_or_default();
+        let mut stream = self.inner.stream.lock().await;
+        match stream.as_mut() {
+            Some(stream) => stream.append(&bytes).await,
+            None => Err(ControlStreamError::Cancelled),
+        }
+    }
+
+    /// Follows the stream until `stop`, reconnecting with a backoff.
+    async fn follow(&self, settings: &Control, stop: &CancellationToken) {
+        let mut reader = Reader::default();
+        let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+        while !stop.is_cancelled() {
+            let result = tokio::select! {
+                () = stop.cancelled() => return,
+                result = self.follow_once(&mut reader, stop) => result,
+            };
+            if let Err(error) = result {
+                let delay = backoff.next_delay();
+                self.inner
+                    .telemetry
+                    .control_unavailable(&settings.stream, &error, delay);
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(delay) => {}
+                }
+            } else {
+                backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+            }
+        }
+    }
+
+    /// One connection's worth of following: declare, say hello, read.
+    async fn follow_once(
+        &self,
+        reader: &mut Reader,
+        stop: &CancellationToken,
+    ) -> Result<(), ControlStreamError> {
+        let mut follower = {
+            let guard = self.inner.stream.lock().await;
+            let Some(stream) = guard.as_ref() else {
+                return Err(ControlStreamError::Cancelled);
+            };
+            stream.declare().await?;
+            stream.follow(reader.next).await?
+        };
+        let hello = uuid::Uuid::new_v4().to_string();
+        self.append(hello.clone(), Body::Hello).await?;
+        let result = loop {
+            let lapse = self.next_lapse();
+            let (offset, bytes) = tokio::select! {
+                () = stop.cancelled() => break Ok(()),
+                () = lapse => {
+                    self.lapse();
+                    continue;
+                }
+                next = follower.next() => match next {
+                    Ok(next) => next,
+                    Err(e) => break Err(e),
+                },
+            };
+            reader.next = Start::Offset(offset + 1);
+            let record = match serde_json::from_slice::<Record>(&bytes) {
+                Ok(record) => record,
+                Err(e) => {
+                    self.inner.telemetry.control_record_unreadable(offset, &e);
+                    continue;
+                }
+            };
+            if record.group != self.inner.group {
+                continue;
+            }
+            if let Err(e) = self.read(reader, offset, record, &hello).await {
+                break Err(e);
+            }
+        };
+        follower.close().await;
+        result
+    }
+
+    /// Applies one record of this group read at `offset`.
+    async fn read(
+        &self,
+        reader: &mut Reader,
+        offset: u64,
+        record: Record,
+        hello: &str,
+    ) -> Result<(), ControlStreamError> {
+        reader.since_snapshot += 1;
+        if reader.first.is_none() {
+            reader.first = Some(offset);
+            // A stream read from its very beginning lacks nothing.
+            reader.based = offset == 0;
+        }
+        if let Body::Snapshot { through, state } = &record.body {
+            reader.since_snapshot = 0;
+            if !reader.based {
+                self.rebase(reader, *through, state.clone());
+            }
+            return Ok(());
+        }
+        if !reader.based && record.id != hello {
+            if reader.unbased.len() < MAX_UNBASED {
+                reader.unbased.push((offset, record));
+            }
+            return Ok(());
+        }
+        if !reader.based {
+            // Our own hello, and no snapshot before it: what was read is all there is.
+            if let Some(settings) = &self.inner.settings {
+                let first = reader.first.unwrap_or_default();
+                self.inner
+                    .telemetry
+                    .control_state_partial(&settings.stream, first);
+            }
+            let unbased = std::mem::take(&mut reader.unbased);
+            for (at, earlier) in unbased {
+                self.apply(at, &earlier);
+            }
+            reader.based = true;
+        }
+        let command = record.body.is_command();
+        self.apply(offset, &record);
+        if record.id == hello && !self.is_recovered() {
+            let state = self.state();
+            if let Some(settings) = &self.inner.settings {
+                self.inner.telemetry.control_recovered(
+                    &settings.stream,
+                    state.paused.is_some(),
+                    state.drained.len(),
+                    state.registration_count(),
+                );
+            }
+            self.inner.recovered.send_replace(true);
+        }
+        if let Some(waiter) = lock(&self.inner.waiters).remove(&record.id) {
+            let _ = waiter.send(());
+        }
+        if command && self.is_recovered() {
+            let ack = uuid::Uuid::new_v4().to_string();
+            self.append(ack, Body::Applied { offset }).await?;
+        }
+        if reader.since_snapshot >= SNAPSHOT_EVERY && self.is_recovered() {
+            reader.since_snapshot = 0;
+            let state = self.state();
+            let snapshot = uuid::Uuid::new_v4().to_string();
+            let body = Body::Snapshot {
+                through: offset,
+                state,
+            };
+            self.append(snapshot, body).await?;
+        }
+        Ok(())
+    }
+
+    /// Takes a snapshot as the base state, then the records read before it
+    /// that came after what it includes.
+    fn rebase(&self, reader: &mut Reader, through: u64, state: GroupState) {
+        let before = self.state();
+        *lock(&self.inner.state) = state;
+        self.changed(
+            &before,
+            Changed {
+                paused: true,
+                drains: true,
+                registrations: true,
+            },
+        );
+        let unbased = std::mem::take(&mut reader.unbased);
+        for (at, record) in unbased.into_iter().filter(|(at, _)| *at > through) {
+            self.apply(at, &record);
+        }
+        reader.based = true;
+    }
+
+    fn apply(&self, offset: u64, record: &Record) {
+        let (before, changed) = {
+            let mut state = lock(&self.inner.state);
+            let before = state.clone();
+            let changed = state.apply(offset, record, now_ms());
+            (before, changed)
+        };
+        if changed.any() {
+            self.changed(&before, changed);
+        }
+    }
+
+    /// Ends the leases due; every instance does so on its own clock.
+    fn lapse(&self) {
+        let (before, any) = {
+            let mut state = lock(&self.inner.state);
+            let before = state.clone();
+            (before, state.lapse(now_ms()))
+        };
+        if any {
+            self.changed(
+                &before,
+                Changed {
+                    registrations: true,
+                    ..Changed::default()
+                },
+            );
+        }
+    }
+
+    /// Sleeps until the next lease ends.
+    fn next_lapse(&self) -> impl std::future::Future<Output = ()> + use<> {
+        let next = lock(&self.inner.state).next_expiry();
+        async move {
+            match next {
+                Some(at) => {
+                    let wait = at.saturating_sub(now_ms());
+                    tokio::time::sleep(Duration::from_millis(wait)).await;
+                }
+                None => std::future::pending().await,
+            }
+        }
+    }
+
+    /// Tells the pipeline and telemetry what changed since `before`.
+    fn changed(&self, before: &GroupState, changed: Changed) {
+        let state = self.state();
+        let telemetry = &self.inner.telemetry;
+        if changed.paused && before.paused.is_some() != state.paused.is_some() {
+            let by = state.paused.as_ref().or(before.paused.as_ref());
+            telemetry.paused(state.paused.is_some(), by.map_or("", |s| s.by.as_str()));
+            self.inner.paused.send_replace(state.paused.is_some());
+        }
+        if changed.drains {
+            for (endpoint, since) in &state.drained {
+                if !before.drained.contains_key(endpoint) {
+                    telemetry.endpoint_drained(endpoint, true, &since.by);
+                }
+            }
+            for (endpoint, since) in &before.drained {
+                if !state.drained.contains_key(endpoint) {
+                    telemetry.endpoint_drained(endpoint, false, &since.by);
+                }
+            }
+            let names: BTreeSet<String> = state.drained.keys().cloned().collect();
+            self.inner.drains.set(names);
+        }
+        if changed.registrations {
+            self.registrations_changed(before, &state);
+        }
+    }
+
+    fn registrations_changed(&self, before: &GroupState, state: &GroupState) {
+        let telemetry = &self.inner.telemetry;
+        let now = now_ms();
+        for r in state.registered() {
+            let had = before
+                .registrations
+                .get(&r.branch)
+                .and_then(|n| n.get(&r.name));
+            if had.is_none_or(|had| !had.same_endpoint(r)) {
+                let ttl = Duration::from_millis(r.ttl_ms);
+                telemetry.registered(&r.branch, &r.name, &r.routing_key, ttl);
+            }
+        }
+        for r in before.registered() {
+            let kept = state
+                .registrations
+                .get(&r.branch)
+                .and_then(|n| n.get(&r.name));
+            if kept.is_none() {
+                let why = if r.expires_at_ms <= now {
+                    "lapsed"
+                } else {
+                    "unregistered"
+                };
+                telemetry.unregistered(&r.branch, &r.name, why);
+            }
+        }
+        let branches: BTreeSet<&String> = state
+            .registrations
+            .keys()
+            .chain(before.registrations.keys())
+            .collect();
+        for branch in branches {
+            let count = state.registrations.get(branch).map_or(0, BTreeMap::len);
+            telemetry.registrations(branch, count);
+        }
+        let registered: BTreeMap<String, Vec<Arc<Endpoint>>> = state
+            .registrations
+            .iter()
+            .map(|(branch, names)| (branch.clone(), names.values().map(endpoint_of).collect()))
+            .collect();
+        self.inner.registered.send_replace(Arc::new(registered));
+    }
+}
+
+/// Where the follower is in the stream, across reconnections.
+struct Reader {
+    /// Where to follow from next.
+    next: Start,
+    /// The first offset read.
+    first: Option<u64>,
+    /// Whether a base state is known (the stream read from offset 0, or a
+    /// snapshot taken).
+    based: bool,
+    /// Records read before a base state was known.
+    unbased: Vec<(u64, Record)>,
+    since_snapshot: u64,
+}
+
+impl Default for Reader {
+    fn default() -> Self {
+        Self {
+            next: Start::First,
+            first: None,
+            based: false,
+            unbased: Vec::new(),
+            since_snapshot: 0,
+        }
+    }
+}
+
+/// The endpoint a registration publishes to.
+pub fn endpoint_of(r: &Registration) -> Arc<Endpoint> {
+    Arc::new(Endpoint {
+        name: r.name.clone(),
+        broker: r.broker.clone(),
+        exchange: r.exchange.clone(),
+        routing_key: r.routing_key.clone(),
+        declare_queue: None,
+        confirm_timeout: Duration::from_secs(5),
+        retries: 0,
+        headers: Vec::new(),
+        declare_queue_type: Default::default(),
+        probe_interval: Duration::from_secs(1),
+    })
+}
+
+/// This process's name in its group: its host and process id.
+pub fn instance_name() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+                .filter(|h| !h.is_empty())
+        })
+        .unwrap_or_else(|| "localhost".to_owned());
+    format!("{host}:{}", std::process::id())
+}
+
+/// Unix milliseconds now.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -1,0 +1,299 @@
+//! The group's state, as every instance rebuilds it from the control
+//! stream: whether it is paused, which endpoints are drained, which
+//! service instances are registered into which branch until when, and
+//! which instances have applied what. Pure: records in, state out.
+
+use super::record::{Body, Record, Registration};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Instances remembered in the state, at most (the most recently joined).
+const MAX_INSTANCES: usize = 64;
+
+/// Who asked for something, and when.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Since {
+    /// The instance the command was sent to.
+    pub by: String,
+    /// When, unix milliseconds.
+    pub at_ms: u64,
+}
+
+/// What the group knows of one instance.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Seen {
+    /// When it last joined (started or reconnected), unix milliseconds.
+    pub joined_at_ms: u64,
+    /// The offset of its last join: it knows every command before it.
+    #[serde(default)]
+    pub joined: Option<u64>,
+    /// The offset of the last command it says it applied.
+    pub applied: Option<u64>,
+}
+
+/// The group's state.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupState {
+    /// Set while the group is paused.
+    pub paused: Option<Since>,
+    /// Drained endpoints, by name.
+    pub drained: BTreeMap<String, Since>,
+    /// Registrations by branch, then by name.
+    pub registrations: BTreeMap<String, BTreeMap<String, Registration>>,
+    /// The offset of the last command applied.
+    pub offset: Option<u64>,
+    /// Instances by name.
+    pub instances: BTreeMap<String, Seen>,
+}
+
+/// Which parts of the state a record changed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Changed {
+    /// Paused or resumed.
+    pub paused: bool,
+    /// The set of drained endpoints.
+    pub drains: bool,
+    /// The set of registered endpoints (a renewal changes only a lease).
+    pub registrations: bool,
+}
+
+impl Changed {
+    /// Whether anything the pipeline reads changed.
+    pub fn any(self) -> bool {
+        self.paused || self.drains || self.registrations
+    }
+}
+
+impl GroupState {
+    /// Applies `record`, read at `offset`, at `now_ms`: a registration
+    /// whose lease already ended (read back while recovering) is dropped.
+    pub fn apply(&mut self, offset: u64, record: &Record, now_ms: u64) -> Changed {
+        let since = || Since {
+            by: record.instance.clone(),
+            at_ms: record.at_ms,
+        };
+        let mut changed = Changed::default();
+        if record.body.is_command() {
+            self.offset = Some(offset);
+        }
+        match &record.body {
+            Body::Hello => {
+                let seen = self.instances.entry(record.instance.clone()).or_default();
+                seen.joined_at_ms = record.at_ms;
+                seen.joined = Some(offset);
+                self.forget_oldest_instances();
+            }
+            Body::Applied { offset } => {
+                let seen = self.instances.entry(record.instance.clone()).or_default();
+                seen.applied = seen.applied.max(Some(*offset));
+            }
+            Body::Pause => {
+                changed.paused = self.paused.is_none();
+                if changed.paused {
+                    self.paused = Some(since());
+                }
+            }
+            Body::Resume => changed.paused = self.paused.take().is_some(),
+            Body::Drain { endpoint } => {
+                changed.drains = !self.drained.contains_key(endpoint);
+                if changed.drains {
+                    self.drained.insert(endpoint.clone(), since());
+                }
+            }
+            Body::Undrain { endpoint } => {
+                changed.drains = self.drained.remove(endpoint).is_some();
+            }
+            Body::Register(registration) => {
+                changed.registrations = self.register(registration, now_ms);
+            }
+            Body::Unregister { branch, name } => {
+                changed.registrations = self.remove(branch, name);
+            }
+            Body::Snapshot { .. } => {}
+        }
+        changed
+    }
+
+    /// Drops every registration whose lease ended by `now_ms`; whether any did.
+    pub fn lapse(&mut self, now_ms: u64) -> bool {
+        let mut any = false;
+        for names in self.registrations.values_mut() {
+            let before = names.len();
+            names.retain(|_, r| r.expires_at_ms > now_ms);
+            any |= names.len() != before;
+        }
+        self.registrations.retain(|_, names| !names.is_empty());
+        any
+    }
+
+    /// When the next lease ends, unix milliseconds.
+    pub fn next_expiry(&self) -> Option<u64> {
+        self.registrations
+            .values()
+            .flat_map(BTreeMap::values)
+            .map(|r| r.expires_at_ms)
+            .min()
+    }
+
+    /// Every registration, by branch then name.
+    pub fn registered(&self) -> impl Iterator<Item = &Registration> {
+        self.registrations.values().flat_map(BTreeMap::values)
+    }
+
+    /// The registration named `name`, in whichever branch.
+    pub fn registration(&self, name: &str) -> Option<&Registration> {
+        self.registered().find(|r| r.name == name)
+    }
+
+    /// How many registrations there are.
+    pub fn registration_count(&self) -> usize {
+        self.registrations.values().map(BTreeMap::len).sum()
+    }
+
+    /// Whether `seen` has applied every command so far (or joined after
+    /// the last).
+    pub fn in_step(&self, seen: &Seen) -> bool {
+        self.offset
+            .is_none_or(|last| seen.applied >= Some(last) || seen.joined > Some(last))
+    }
+
+    /// Registers (or renews); whether the set of endpoints changed.
+    fn register(&mut self, registration: &Registration, now_ms: u64) -> bool {
+        if registration.expires_at_ms <= now_ms {
+            return false;
+        }
+        // A name is one endpoint: registered elsewhere, it moves.
+        let elsewhere: Vec<String> = self
+            .registrations
+            .iter()
+            .filter(|(branch, names)| {
+                **branch != registration.branch && names.contains_key(&registration.name)
+            })
+            .map(|(branch, _)| branch.clone())
+            .collect();
+        let mut changed = false;
+        for branch in elsewhere {
+            changed |= self.remove(&branch, &registration.name);
+        }
+        let names = self
+            .registrations
+            .entry(registration.branch.clone())
+            .or_default();
+        let previous = names.insert(registration.name.clone(), registration.clone());
+        changed || previous.is_none_or(|p| !p.same_endpoint(registration))
+    }
+
+    fn remove(&mut self, branch: &str, name: &str) -> bool {
+        let Some(names) = self.registrations.get_mut(branch) else {
+            return false;
+        };
+        let removed = names.remove(name).is_some();
+        if names.is_empty() {
+            self.registrations.remove(branch);
+        }
+        removed
+    }
+
+    fn forget_oldest_instances(&mut self) {
+        while self.instances.len() > MAX_INSTANCES {
+            let oldest = self
+                .instances
+                .iter()
+                .min_by_key(|(_, seen)| seen.joined_at_ms)
+                .map(|(name, _)| name.clone());
+            match oldest {
+                Some(name) => self.instances.remove(&name),
+                None => break,
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(instance: &str, at_ms: u64, body: Body) -> Record {
+        Record {
+            group: "g".into(),
+            instance: instance.into(),
+            id: format!("{instance}-{at_ms}"),
+            at_ms,
+            body,
+        }
+    }
+
+    fn registration(name: &str, key: &str, expires_at_ms: u64) -> Registration {
+        Registration {
+            branch: "service".into(),
+            name: name.into(),
+            broker: "main".into(),
+            exchange: String::new(),
+            routing_key: key.into(),
+            ttl_ms: 10_000,
+            expires_at_ms,
+        }
+    }
+
+    #[test]
+    fn pause_drain_and_their_reversals_change_the_state_once_each() {
+        let mut state = GroupState::default();
+        let pause = record("a", 1, Body::Pause);
+        assert!(state.apply(0, &pause, 1).paused);
+        assert!(!state.apply(1, &pause, 1).paused, "paused twice is once");
+        assert_eq!(state.paused.as_ref().map(|s| s.by.as_str()), Some("a"));
+        let drain = Body::Drain {
+            endpoint: "p".into(),
+        };
+        assert!(state.apply(2, &record("b", 2, drain), 2).drains);
+        let undrain = Body::Undrain {
+            endpoint: "p".into(),
+        };
+        assert!(state.apply(3, &record("b", 3, undrain.clone()), 3).drains);
+        assert!(!state.apply(4, &record("b", 4, undrain), 4).drains);
+        assert!(state.apply(5, &record("a", 5, Body::Resume), 5).paused);
+        assert_eq!(state.paused, None);
+        assert_eq!(state.offset, Some(5));
+    }
+
+    #[test]
+    fn a_renewal_moves_the_lease_without_changing_the_endpoints() {
+        let mut state = GroupState::default();
+        let first = Body::Register(registration("svc-1", "svc.1", 100));
+        assert!(state.apply(0, &record("a", 1, first), 1).registrations);
+        let renewal = Body::Register(registration("svc-1", "svc.1", 200));
+        assert!(!state.apply(1, &record("a", 2, renewal), 2).registrations);
+        assert_eq!(state.next_expiry(), Some(200));
+        let moved = Body::Register(registration("svc-1", "svc.other", 300));
+        assert!(state.apply(2, &record("a", 3, moved), 3).registrations);
+        assert!(!state.lapse(250));
+        assert!(state.lapse(300), "its lease ended");
+        assert_eq!(state.registration_count(), 0);
+        assert!(state.registrations.is_empty());
+    }
+
+    #[test]
+    fn a_registration_read_back_after_its_lease_is_dropped() {
+        let mut state = GroupState::default();
+        let old = Body::Register(registration("svc-1", "svc.1", 100));
+        assert!(!state.apply(0, &record("a", 1, old), 500).registrations);
+        assert_eq!(state.registration_count(), 0);
+    }
+
+    #[test]
+    fn unregister_removes_at_once_and_acks_are_remembered_per_instance() {
+        let mut state = GroupState::default();
+        let register = Body::Register(registration("svc-1", "svc.1", 100));
+        state.apply(0, &record("a", 1, register), 1);
+        let unregister = Body::Unregister {
+            branch: "service".into(),
+            name: "svc-1".into(),
+        };
+        assert!(state.apply(1, &record("a", 2, unregister), 2).registrations);
+        state.apply(2, &record("b", 3, Body::Hello), 3);
+        state.apply(3, &record("b", 4, Body::Applied { offset: 1 }), 4);
+        assert_eq!(state.instances["b"].applied, Some(1));
+        assert_eq!(state.instances["b"].joined_at_ms, 3);
+        assert_eq!(state.offset, Some(1), "hello and applied are no commands");
+    }
+}
