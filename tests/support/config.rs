@@ -306,6 +306,16 @@ impl Branch {
         Self { keys }
     }
 
+    /// Branch `name`: `filter` routes to whatever services register
+    /// (`registrable = true`, no endpoint of its own).
+    pub fn registrable(name: &str, filter: &str) -> Self {
+        let mut keys = Keys::default();
+        keys.set("name", name);
+        keys.set("filter", filter);
+        keys.set("registrable", true);
+        Self { keys }
+    }
+
     /// With the backup list `list` (a key of `[backup_lists]`).
     pub fn backups(self, list: &str) -> Self {
         self.set("backup_list", list)
@@ -337,6 +347,9 @@ pub struct Forwarder {
     journal: Option<Keys>,
     /// `[telemetry.otlp]`, when set.
     otlp: Option<Keys>,
+    /// `[control]`: by default the stream `<prefix>.control`, so a test's
+    /// commands go with its other queues.
+    control: Option<Keys>,
     /// Whether `[inbound]` and `[dead_letter]` are written.
     queue: bool,
 }
@@ -368,6 +381,8 @@ impl Forwarder {
         main.set("uri", url);
         let mut journal = Keys::default();
         journal.set("stream", format!("{prefix}.journal"));
+        let mut control = Keys::default();
+        control.set("stream", format!("{prefix}.control"));
         Self {
             top,
             inbound,
@@ -382,6 +397,7 @@ impl Forwarder {
             http: None,
             journal: Some(journal),
             otlp: None,
+            control: Some(control),
             queue: true,
         }
     }
@@ -390,6 +406,15 @@ impl Forwarder {
     /// unless set here).
     pub fn journal(mut self, key: &str, value: impl Into<Value>) -> Self {
         self.journal
+            .get_or_insert_with(Keys::default)
+            .set(key, value);
+        self
+    }
+
+    /// `[control]`: `key` set to `value` (the stream stays `<prefix>.control`
+    /// unless set here).
+    pub fn control(mut self, key: &str, value: impl Into<Value>) -> Self {
+        self.control
             .get_or_insert_with(Keys::default)
             .set(key, value);
         self
@@ -488,9 +513,15 @@ impl Forwarder {
 
     /// `[admin] listen`.
     pub fn admin(mut self, listen: &str) -> Self {
-        let mut table = Keys::default();
-        table.set("listen", listen);
-        self.admin = Some(table);
+        self.admin
+            .get_or_insert_with(Keys::default)
+            .set("listen", listen);
+        self
+    }
+
+    /// An `[admin]` key (`tokens`, `max_registrations`).
+    pub fn admin_key(mut self, key: &str, value: impl Into<Value>) -> Self {
+        self.admin.get_or_insert_with(Keys::default).set(key, value);
         self
     }
 
@@ -587,7 +618,11 @@ impl Forwarder {
         out.push_str(&self.routing_toml());
         // In the whole file only: a routing part is appended to a top
         // written by `toml` too, and a table may be written once.
-        for (title, table) in [("journal", &self.journal), ("telemetry.otlp", &self.otlp)] {
+        for (title, table) in [
+            ("journal", &self.journal),
+            ("telemetry.otlp", &self.otlp),
+            ("control", &self.control),
+        ] {
             if let Some(table) = table {
                 let _ = writeln!(out, "\n[{title}]");
                 table.write(&mut out);

@@ -26,9 +26,29 @@ pub async fn http_request(
     method: &str,
     path: &str,
 ) -> std::io::Result<HttpResponse> {
+    http_send(addr, method, path, &[], b"").await
+}
+
+/// Sends `method path` with `headers` and `body` (with its
+/// `Content-Length`) and reads the whole response.
+pub async fn http_send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<HttpResponse> {
     let mut stream = TcpStream::connect(addr).await?;
-    let request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    if !body.is_empty() || matches!(method, "POST" | "PUT") {
+        request.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    request.push_str("\r\n");
     stream.write_all(request.as_bytes()).await?;
+    stream.write_all(body).await?;
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw).await?;
     let text = String::from_utf8(raw).unwrap_or_else(|e| panic!("response is not UTF-8: {e}"));

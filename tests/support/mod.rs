@@ -20,6 +20,7 @@
 pub mod broker;
 pub mod cluster;
 pub mod config;
+pub mod control;
 pub mod counting;
 pub mod harness;
 pub mod http;
