@@ -35,6 +35,9 @@ mod cli;
 #[path = "../consumer.rs"]
 mod consumer;
 
+#[path = "../control.rs"]
+mod control;
+
 #[path = "../dead_letter.rs"]
 mod dead_letter;
 
