@@ -885,7 +885,7 @@ fn the_admin_address_is_loopback_unless_a_host_is_given() {
     ];
     for (listen, expected) in cases {
         let toml = match listen {
-            Some(l) => with(&format!("[admin]\nlisten = \"{l}\"")),
+            Some(l) => with(&format!("[admin]\nlisten = \"{l}\"\ntokens = [\"t\"]")),
             None => BASE.to_owned(),
         };
         let settings = load_str(&toml, "test.toml").unwrap_or_else(|e| panic!("{e}"));
@@ -895,6 +895,82 @@ fn the_admin_address_is_loopback_unless_a_host_is_given() {
             "{listen:?}"
         );
     }
+}
+
+#[test]
+fn an_admin_endpoint_other_hosts_reach_takes_commands_only_with_tokens() {
+    let open = with("[admin]\nlisten = \"0.0.0.0:9090\"");
+    let refused = load_str(&open, "test.toml").err().map(|e| e.to_string());
+    let refused = refused.unwrap_or_default();
+    assert!(
+        refused.starts_with("test.toml: admin.tokens: admin.listen 0.0.0.0:9090 is reachable"),
+        "{refused}"
+    );
+    // Health and metrics alone, with control off; or loopback; or tokens.
+    for fine in [
+        "[admin]\nlisten = \"0.0.0.0:9090\"\n[control]\nenabled = false",
+        "[admin]\nlisten = \"127.0.0.1:9090\"",
+        "[admin]\nlisten = \"0.0.0.0:9090\"\ntokens = \"a,b\"",
+    ] {
+        let settings = load_str(&with(fine), "test.toml").unwrap_or_else(|e| panic!("{fine}: {e}"));
+        assert!(settings.admin_listen.is_some());
+    }
+    let control = load_str(
+        &with("[admin]\nlisten = \"0.0.0.0:9090\"\ntokens = \"a,b\""),
+        "t",
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
+    .control
+    .unwrap_or_else(|| panic!("control is on by default"));
+    assert_eq!(control.tokens, ["a", "b"]);
+    assert_eq!(control.stream, "switchyard.control");
+    assert_eq!(control.max_registrations, 256);
+    let off = load_str(&with("[control]\nenabled = false"), "t").unwrap_or_else(|e| panic!("{e}"));
+    assert!(off.control.is_none());
+    let empty = with("[admin]\ntokens = [\"a\", \" \"]");
+    let refused = load_str(&empty, "t")
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(refused.contains("admin.tokens[1]: is empty"), "{refused}");
+}
+
+#[test]
+fn only_a_registrable_entry_may_leave_its_endpoint_out() {
+    let base = BASE.replace("endpoint = ", "# endpoint = ");
+    let refused = load_str(&base, "t")
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        refused.contains("filter_table[0].endpoint: is missing") && refused.contains("registrable"),
+        "{refused}"
+    );
+    let registrable = base.replacen(
+        "[[filter_table]]",
+        "[[filter_table]]\nregistrable = true",
+        1,
+    );
+    let settings = load_str(&registrable, "t").unwrap_or_else(|e| panic!("{e}"));
+    // Its backup list stays its list; services' endpoints join after it.
+    assert!(
+        settings
+            .routing
+            .summary()
+            .contains("backup [failover, registrable]"),
+        "{}",
+        settings.routing.summary()
+    );
+    let alone = base.replace("backup_list = \"backups\"", "registrable = true");
+    let settings = load_str(&alone, "t").unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        settings
+            .routing
+            .summary()
+            .contains("(registered endpoints)"),
+        "{}",
+        settings.routing.summary()
+    );
 }
 
 #[test]
@@ -949,7 +1025,7 @@ const INBOUND_KEYS: &str = "broker, queue, prefetch, declare, single_active_cons
 
 const TOP_LEVEL_KEYS: &str = "name, shutdown_timeout_ms, worker_threads, inbound, dead_letter, \
                               brokers, endpoints, backup_lists, filters, filter_table, sessions, \
-                              admin, ingress, journal, telemetry";
+                              admin, ingress, journal, telemetry, control";
 
 #[test]
 fn an_unknown_key_is_named_by_its_path_with_the_nearest_valid_key() {
@@ -981,7 +1057,7 @@ fn an_unknown_key_is_named_by_its_path_with_the_nearest_valid_key() {
             BASE.replace("name = \"service\"", "nmae = \"service\""),
             "test.toml: filter_table[0].nmae: unknown key; did you mean `name`? (valid keys: \
              name, filter, endpoint, backup_list, priority, strategy, required, outage, \
-             outage_timeout_ms)"
+             outage_timeout_ms, registrable)"
                 .to_owned(),
         ),
         (

@@ -495,3 +495,59 @@ async fn an_engine_that_does_not_record_keeps_no_steps_and_still_carries_the_tra
         "a new trace is started and carried"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_drained_endpoint_is_passed_over_without_an_attempt_or_a_failover() {
+    use crate::journal::Attempted;
+    let script = Script::acking();
+    let (engine, _) = engine(&script);
+    let engine = engine.recording(true, 1.0);
+    let settings = settings(&["a", "b"], "service", "");
+    script.set_health("a", Health::Drained);
+    let outcome = forward(&engine, &settings, &envelope("m1", &[])).await;
+    assert_eq!(outcome.branches, [delivered("service", "b")]);
+    assert_eq!(
+        script.calls(),
+        ["b:m1"],
+        "nothing published to a drained endpoint"
+    );
+    let steps: Vec<(&str, &Attempted)> = outcome.trails[0]
+        .iter()
+        .map(|t| (t.endpoint.name.as_str(), &t.outcome))
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            ("a", &Attempted::SkippedDrained),
+            ("b", &Attempted::Confirmed)
+        ]
+    );
+    // Undrained, new messages return to it.
+    script.set_health("a", Health::Up);
+    forward(&engine, &settings, &envelope("m2", &[])).await;
+    assert_eq!(script.calls(), ["b:m1", "a:m2"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_list_left_with_nothing_but_drained_endpoints_holds_even_when_it_would_dead_letter() {
+    let script = Script::acking();
+    let (engine, _) = engine(&script);
+    // `outage = "dead_letter"`: an outage would end the branch at once; a
+    // drain never does.
+    let settings = settings(&["a"], "service", "outage = \"dead_letter\"\n");
+    script.set_health("a", Health::Drained);
+    let message = envelope("m1", &[]);
+    let started = engine.start(&message, settings.routing.route(&message));
+    let outages = engine.outages().clone();
+    let lost = CancellationToken::new();
+    let engine_for_task = engine.clone();
+    let finished = tokio::spawn(async move { started.finish(&engine_for_task, &lost).await });
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    assert!(!finished.is_finished(), "held while drained");
+    assert!(outages.any(), "counted as holding, which pauses consuming");
+    assert!(script.calls().is_empty(), "never published while drained");
+    script.set_health("a", Health::Up);
+    let outcome = finished.await.unwrap_or_default();
+    assert_eq!(outcome.branches, [delivered("service", "a")]);
+    assert_eq!(script.calls(), ["a:m1"]);
+}
