@@ -155,7 +155,8 @@ fn ctl(target: &cli::CtlTarget, command: &cli::CtlCommand) -> ExitCode {
     });
     let Some(token) = token else {
         eprintln!(
-            "switchyard: no token: give --token, set {TOKEN_ENV}, or set admin.tokens in the              configuration"
+            "switchyard: no token: give --token, set {TOKEN_ENV}, or set admin.tokens in the \
+             configuration"
         );
         return ExitCode::from(EXIT_USAGE);
     };

@@ -137,9 +137,11 @@ async fn pause_holds_new_messages_and_resume_takes_up_exactly_once() {
     // 5,000 messages at about 800 a second.
     let all = bodies("m", 0..5000);
     let publisher = publish_steadily(&p, all.clone(), 40);
-    wait_until("1,000 forwarded before the pause", DEFAULT_TIMEOUT, || async {
-        broker.queue_len(&service).await >= 1000
-    })
+    wait_until(
+        "1,000 forwarded before the pause",
+        DEFAULT_TIMEOUT,
+        || async { broker.queue_len(&service).await >= 1000 },
+    )
     .await;
     let status = control.pause().await;
     assert_eq!(status["paused"], true, "{status}");
@@ -155,16 +157,24 @@ async fn pause_holds_new_messages_and_resume_takes_up_exactly_once() {
     let consumed = settled.value(CONSUMED, &[]);
     let copies = lens(&broker, &[&service, &backup, &logging, &logging_backup]).await;
     let ready = broker.queue_len(&inbound).await;
-    let readyz = http_get(addr, "/readyz").await.unwrap_or_else(|e| panic!("{e}"));
+    let readyz = http_get(addr, "/readyz")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(readyz.status, 503, "{}", readyz.body);
     assert!(readyz.body.contains("paused"), "{}", readyz.body);
     let refused = http.post("/messages/work", &[], b"while paused").await;
     assert_eq!(refused.status, 503, "{}", refused.text);
-    assert!(refused.headers.contains_key("retry-after"), "{:?}", refused.headers);
+    assert!(
+        refused.headers.contains_key("retry-after"),
+        "{:?}",
+        refused.headers
+    );
     assert!(refused.text.contains("paused"), "{}", refused.text);
-    wait_until("the inbound queue grows while paused", DEFAULT_TIMEOUT, || async {
-        broker.queue_len(&inbound).await >= ready + 1000
-    })
+    wait_until(
+        "the inbound queue grows while paused",
+        DEFAULT_TIMEOUT,
+        || async { broker.queue_len(&inbound).await >= ready + 1000 },
+    )
     .await;
     publisher.await.unwrap_or_else(|e| panic!("publisher: {e}"));
     // Held for the rest of 5 s, the pause the scenario asks for.
@@ -172,7 +182,11 @@ async fn pause_holds_new_messages_and_resume_takes_up_exactly_once() {
         tokio::time::sleep(rest).await;
     }
     let during = metrics(addr).await;
-    assert_eq!(during.value(CONSUMED, &[]), consumed, "nothing taken while paused");
+    assert_eq!(
+        during.value(CONSUMED, &[]),
+        consumed,
+        "nothing taken while paused"
+    );
     assert_eq!(
         lens(&broker, &[&service, &backup, &logging, &logging_backup]).await,
         copies,
@@ -181,10 +195,14 @@ async fn pause_holds_new_messages_and_resume_takes_up_exactly_once() {
 
     let status = control.resume().await;
     assert_eq!(status["paused"], false, "{status}");
-    wait_until("every message forwarded on both branches", DEFAULT_TIMEOUT * 3, || async {
-        lens(&broker, &[&service, &backup]).await == 5000
-            && lens(&broker, &[&logging, &logging_backup]).await == 5000
-    })
+    wait_until(
+        "every message forwarded on both branches",
+        DEFAULT_TIMEOUT * 3,
+        || async {
+            lens(&broker, &[&service, &backup]).await == 5000
+                && lens(&broker, &[&logging, &logging_backup]).await == 5000
+        },
+    )
     .await;
     let served = support::tally_queues(&broker, &[service, backup]).await;
     exactly_once(&served, &all, "service");
@@ -216,14 +234,19 @@ async fn a_drained_endpoint_sends_its_traffic_to_the_backup_and_back_without_a_f
     })
     .await;
     let status = control.drain("service").await;
-    assert_eq!(endpoint_state(&status, "service").as_deref(), Some("drained"));
+    assert_eq!(
+        endpoint_state(&status, "service").as_deref(),
+        Some("drained")
+    );
     let m = metrics(control.addr).await;
     let drained = [("endpoint", "service"), ("state", "drained")];
     assert_eq!(m.value("switchyard_endpoint_state", &drained), 1.0);
     let at_drain = broker.queue_len(&service).await;
-    wait_until("the backup takes the service copies", DEFAULT_TIMEOUT, || async {
-        broker.queue_len(&backup).await >= 500
-    })
+    wait_until(
+        "the backup takes the service copies",
+        DEFAULT_TIMEOUT,
+        || async { broker.queue_len(&backup).await >= 500 },
+    )
     .await;
     // Only messages taken before the drain (at most a prefetch) went on to the primary.
     let primary_while_drained = broker.queue_len(&service).await;
@@ -235,10 +258,14 @@ async fn a_drained_endpoint_sends_its_traffic_to_the_backup_and_back_without_a_f
     assert_eq!(endpoint_state(&status, "service").as_deref(), Some("up"));
     let at_undrain = broker.queue_len(&service).await;
     publisher.await.unwrap_or_else(|e| panic!("publisher: {e}"));
-    wait_until("all 3,000 forwarded on both branches", DEFAULT_TIMEOUT * 2, || async {
-        lens(&broker, &[&service, &backup]).await == 3000
-            && broker.queue_len(&logging).await == 3000
-    })
+    wait_until(
+        "all 3,000 forwarded on both branches",
+        DEFAULT_TIMEOUT * 2,
+        || async {
+            lens(&broker, &[&service, &backup]).await == 3000
+                && broker.queue_len(&logging).await == 3000
+        },
+    )
     .await;
     assert!(
         broker.queue_len(&service).await > at_undrain,
@@ -246,10 +273,19 @@ async fn a_drained_endpoint_sends_its_traffic_to_the_backup_and_back_without_a_f
     );
     let m = metrics(control.addr).await;
     assert_eq!(m.sum(FAILOVERS), 0.0, "a drain is no failover");
-    assert!(m.value(FORWARDED, &[("branch", "service"), ("endpoint", "service_backup")]) > 0.0);
+    assert!(
+        m.value(
+            FORWARDED,
+            &[("branch", "service"), ("endpoint", "service_backup")]
+        ) > 0.0
+    );
     let served = support::tally_queues(&broker, &[service, backup]).await;
     exactly_once(&served, &all, "service");
-    exactly_once(&support::tally_queues(&broker, &[logging]).await, &all, "logging");
+    exactly_once(
+        &support::tally_queues(&broker, &[logging]).await,
+        &all,
+        "logging",
+    );
     assert_eq!(broker.queue_len(&format!("{p}.dlq")).await, 0);
     running.stop().await.unwrap_or_else(|e| panic!("{e}"));
     delete_all_with_prefix(&p).await;
@@ -267,23 +303,41 @@ async fn draining_the_only_endpoint_of_a_list_holds_its_messages_until_undrained
     broker
         .publish_many("", &format!("{p}.in"), held.iter(), Default::default())
         .await;
-    wait_until("the messages are held as in an outage", DEFAULT_TIMEOUT, || async {
-        metrics(control.addr)
-            .await
-            .value("switchyard_outage_holds", &[])
-            > 0.0
-    })
+    wait_until(
+        "the messages are held as in an outage",
+        DEFAULT_TIMEOUT,
+        || async {
+            metrics(control.addr)
+                .await
+                .value("switchyard_outage_holds", &[])
+                > 0.0
+        },
+    )
     .await;
-    assert_eq!(broker.queue_len(&service).await, 0, "nothing published to a drained endpoint");
-    assert_eq!(broker.queue_len(&format!("{p}.dlq")).await, 0, "nothing dead-lettered");
-    let readyz = http_get(control.addr, "/readyz").await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        broker.queue_len(&service).await,
+        0,
+        "nothing published to a drained endpoint"
+    );
+    assert_eq!(
+        broker.queue_len(&format!("{p}.dlq")).await,
+        0,
+        "nothing dead-lettered"
+    );
+    let readyz = http_get(control.addr, "/readyz")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(readyz.status, 503, "no endpoint up: {}", readyz.body);
     control.undrain("service").await;
     wait_until("the held messages delivered", DEFAULT_TIMEOUT, || async {
         broker.queue_len(&service).await == 20
     })
     .await;
-    exactly_once(&support::tally_queues(&broker, &[service]).await, &held, "service");
+    exactly_once(
+        &support::tally_queues(&broker, &[service]).await,
+        &held,
+        "service",
+    );
     assert_eq!(broker.queue_len(&format!("{p}.dlq")).await, 0);
     let m = metrics(control.addr).await;
     assert_eq!(m.sum(FAILOVERS), 0.0);
@@ -320,12 +374,16 @@ async fn services_register_into_a_round_robin_branch_lapse_and_leave() {
     broker
         .publish_many("", &format!("{p}.in"), early.iter(), Default::default())
         .await;
-    wait_until("held until a service registers", DEFAULT_TIMEOUT, || async {
-        metrics(control.addr)
-            .await
-            .value("switchyard_outage_holds", &[])
-            > 0.0
-    })
+    wait_until(
+        "held until a service registers",
+        DEFAULT_TIMEOUT,
+        || async {
+            metrics(control.addr)
+                .await
+                .value("switchyard_outage_holds", &[])
+                > 0.0
+        },
+    )
     .await;
     assert_eq!(lens(&broker, &instances).await, 0);
     assert_eq!(broker.queue_len(&format!("{p}.dlq")).await, 0);
@@ -350,7 +408,10 @@ async fn services_register_into_a_round_robin_branch_lapse_and_leave() {
     })
     .await;
     let (w1_then, w2_then) = (broker.queue_len(&w1).await, broker.queue_len(&w2).await);
-    assert!(w1_then >= 300 && w2_then >= 300, "round robin over both: {w1_then} / {w2_then}");
+    assert!(
+        w1_then >= 300 && w2_then >= 300,
+        "round robin over both: {w1_then} / {w2_then}"
+    );
     let status = control.unregister("workers", "w1").await;
     assert_eq!(registered(&status, "workers"), ["w2"]);
     let w1_at_leave = broker.queue_len(&w1).await;
@@ -370,23 +431,41 @@ async fn services_register_into_a_round_robin_branch_lapse_and_leave() {
     let status = control.register("workers", "w3", &w3, 60_000).await;
     assert_eq!(registered(&status, "workers"), ["w3"]);
     publisher.await.unwrap_or_else(|e| panic!("publisher: {e}"));
-    wait_until("all 3,000 on one instance each and logged", DEFAULT_TIMEOUT * 2, || async {
-        lens(&broker, &instances).await == 3000 && broker.queue_len(&logging).await == 3000
-    })
+    wait_until(
+        "all 3,000 on one instance each and logged",
+        DEFAULT_TIMEOUT * 2,
+        || async {
+            lens(&broker, &instances).await == 3000 && broker.queue_len(&logging).await == 3000
+        },
+    )
     .await;
     let w1_final = broker.queue_len(&w1).await;
     assert!(
         w1_final <= w1_at_leave + 500,
         "after leaving, w1 took only what was already in flight: {w1_at_leave} then {w1_final}"
     );
-    assert!(broker.queue_len(&w3).await > 0, "the newcomer takes traffic");
-    let all: Vec<String> = early.iter().cloned().chain(bodies("r", 100..3000)).collect();
+    assert!(
+        broker.queue_len(&w3).await > 0,
+        "the newcomer takes traffic"
+    );
+    let all: Vec<String> = early
+        .iter()
+        .cloned()
+        .chain(bodies("r", 100..3000))
+        .collect();
     let spread = support::tally_queues(&broker, &[w1, w2, w3]).await;
     exactly_once(&spread, &all, "workers");
-    exactly_once(&support::tally_queues(&broker, &[logging]).await, &all, "logging");
+    exactly_once(
+        &support::tally_queues(&broker, &[logging]).await,
+        &all,
+        "logging",
+    );
     assert_eq!(broker.queue_len(&format!("{p}.dlq")).await, 0);
     let m = metrics(control.addr).await;
-    assert_eq!(m.value("switchyard_registrations", &[("branch", "workers")]), 1.0);
+    assert_eq!(
+        m.value("switchyard_registrations", &[("branch", "workers")]),
+        1.0
+    );
     running.stop().await.unwrap_or_else(|e| panic!("{e}"));
     delete_all_with_prefix(&p).await;
 }
@@ -424,7 +503,10 @@ async fn a_reload_keeps_registrations_drains_and_a_pause() {
         })
         .await;
     assert_eq!(after["paused"], true, "{after}");
-    assert_eq!(endpoint_state(&after, "logging").as_deref(), Some("drained"));
+    assert_eq!(
+        endpoint_state(&after, "logging").as_deref(),
+        Some("drained")
+    );
     assert_eq!(registered(&after, "workers"), ["w1"]);
 
     // Still paused: what arrives is held, unforwarded.
@@ -432,9 +514,11 @@ async fn a_reload_keeps_registrations_drains_and_a_pause() {
     broker
         .publish_many("", &format!("{p}.in"), held.iter(), Default::default())
         .await;
-    wait_until("the forwarder holds the ten unacked", DEFAULT_TIMEOUT, || async {
-        support::ready_unacked(&format!("{p}.in")).await == Some((0, 10))
-    })
+    wait_until(
+        "the forwarder holds the ten unacked",
+        DEFAULT_TIMEOUT,
+        || async { support::ready_unacked(&format!("{p}.in")).await == Some((0, 10)) },
+    )
     .await;
     assert_eq!(metrics(addr).await.value(CONSUMED, &[]), 0.0);
     assert_eq!(broker.queue_len(&w1).await, 0);
@@ -472,7 +556,10 @@ async fn bad_requests_are_refused_with_a_reason_and_change_nothing() {
     for response in [&anonymous, &wrong] {
         assert_eq!(response.status, 401, "{}", response.body);
         assert_eq!(json_of(response), json!({ "error": "unauthorized" }));
-        assert_eq!(response.headers.get("www-authenticate").map(String::as_str), Some("Bearer"));
+        assert_eq!(
+            response.headers.get("www-authenticate").map(String::as_str),
+            Some("Bearer")
+        );
     }
 
     let register = |name: &str, body: Value| {
@@ -482,30 +569,110 @@ async fn bad_requests_are_refused_with_a_reason_and_change_nothing() {
     };
     let good = |key: &str| json!({ "routing_key": key, "ttl_ms": 10_000 });
     let cases: Vec<(u16, support::HttpResponse, &str)> = vec![
-        (404, control.send("POST", "/control/endpoints/nope/drain", None).await, "unknown endpoint \"nope\""),
-        (404, control.send("POST", "/control/endpoints/nope/undrain", None).await, "unknown endpoint"),
-        (404, control.send("PUT", "/registry/nope/w1", Some(&good("q"))).await, "unknown branch \"nope\""),
-        (409, control.send("PUT", "/registry/service/w1", Some(&good("q"))).await, "not registrable"),
-        (409, register("service_backup", good("q")).await, "configured endpoint"),
-        (400, register("w1", json!({ "routing_key": "q", "ttl_ms": 10_000, "broker": "elsewhere" })).await, "unknown broker \"elsewhere\""),
-        (400, register("w1", good(&"k".repeat(256))).await, "routing_key"),
-        (400, register("w1", json!({ "routing_key": "q", "ttl_ms": 999 })).await, "ttl_ms 999"),
-        (400, register("w1", json!({ "routing_key": "q", "ttl_ms": 3_600_001 })).await, "ttl_ms 3600001"),
-        (400, register("w1", json!({ "routing_key": "q", "ttl_ms": 10_000, "weight": 3 })).await, "unknown field"),
-        (404, control.send("DELETE", "/registry/workers/w9", None).await, "no instance \"w9\""),
-        (405, control.send("GET", "/control/pause", None).await, "method"),
-        (404, control.send("GET", "/control/nothing", None).await, "not found"),
+        (
+            404,
+            control
+                .send("POST", "/control/endpoints/nope/drain", None)
+                .await,
+            "unknown endpoint \"nope\"",
+        ),
+        (
+            404,
+            control
+                .send("POST", "/control/endpoints/nope/undrain", None)
+                .await,
+            "unknown endpoint",
+        ),
+        (
+            404,
+            control
+                .send("PUT", "/registry/nope/w1", Some(&good("q")))
+                .await,
+            "unknown branch \"nope\"",
+        ),
+        (
+            409,
+            control
+                .send("PUT", "/registry/service/w1", Some(&good("q")))
+                .await,
+            "not registrable",
+        ),
+        (
+            409,
+            register("service_backup", good("q")).await,
+            "configured endpoint",
+        ),
+        (
+            400,
+            register(
+                "w1",
+                json!({ "routing_key": "q", "ttl_ms": 10_000, "broker": "elsewhere" }),
+            )
+            .await,
+            "unknown broker \"elsewhere\"",
+        ),
+        (
+            400,
+            register("w1", good(&"k".repeat(256))).await,
+            "routing_key",
+        ),
+        (
+            400,
+            register("w1", json!({ "routing_key": "q", "ttl_ms": 999 })).await,
+            "ttl_ms 999",
+        ),
+        (
+            400,
+            register("w1", json!({ "routing_key": "q", "ttl_ms": 3_600_001 })).await,
+            "ttl_ms 3600001",
+        ),
+        (
+            400,
+            register(
+                "w1",
+                json!({ "routing_key": "q", "ttl_ms": 10_000, "weight": 3 }),
+            )
+            .await,
+            "unknown field",
+        ),
+        (
+            404,
+            control.send("DELETE", "/registry/workers/w9", None).await,
+            "no instance \"w9\"",
+        ),
+        (
+            405,
+            control.send("GET", "/control/pause", None).await,
+            "method",
+        ),
+        (
+            404,
+            control.send("GET", "/control/nothing", None).await,
+            "not found",
+        ),
     ];
     for (status, response, says) in &cases {
         assert_eq!(response.status, *status, "{}", response.body);
-        let error = json_of(response)["error"].as_str().unwrap_or_default().to_owned();
-        assert!(error.contains(says), "{status}: {error:?} should say {says:?}");
+        let error = json_of(response)["error"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(
+            error.contains(says),
+            "{status}: {error:?} should say {says:?}"
+        );
     }
     let auth = format!("Bearer {TOKEN}");
     let headers = [("Authorization", auth.as_str())];
-    let not_json = http_send(control.addr, "PUT", "/registry/workers/w1", &headers, b"routing_key=q")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let not_json = http_send(
+        control.addr,
+        "PUT",
+        "/registry/workers/w1",
+        &headers,
+        b"routing_key=q",
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(not_json.status, 400, "{}", not_json.body);
     let huge = vec![b' '; 17 * 1024];
     let too_large = http_send(control.addr, "PUT", "/registry/workers/w1", &headers, &huge)
@@ -515,7 +682,13 @@ async fn bad_requests_are_refused_with_a_reason_and_change_nothing() {
 
     // Nothing changed by any of them.
     let unchanged = control.status().await;
-    for key in ["paused", "registrations", "generation", "offset", "endpoints"] {
+    for key in [
+        "paused",
+        "registrations",
+        "generation",
+        "offset",
+        "endpoints",
+    ] {
         assert_eq!(unchanged[key], before[key], "{key}");
     }
 
@@ -548,7 +721,9 @@ async fn without_tokens_every_control_path_answers_403() {
         assert_eq!(response.status, 403, "{method} {path}: {}", response.body);
         assert!(response.body.contains("admin.tokens"), "{}", response.body);
     }
-    let health = http_get(control.addr, "/healthz").await.unwrap_or_else(|e| panic!("{e}"));
+    let health = http_get(control.addr, "/healthz")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(health.status, 200);
     running.stop().await.unwrap_or_else(|e| panic!("{e}"));
     delete_all_with_prefix(&p).await;
@@ -592,15 +767,23 @@ async fn a_flood_of_status_requests_and_renewals_never_stops_forwarding() {
     broker
         .publish_many("", &format!("{p}.in"), all.iter(), Default::default())
         .await;
-    wait_until("2,000 forwarded through the flood", DEFAULT_TIMEOUT, || async {
-        broker.queue_len(&w1).await == 2000 && broker.queue_len(&format!("{p}.logging")).await == 2000
-    })
+    wait_until(
+        "2,000 forwarded through the flood",
+        DEFAULT_TIMEOUT,
+        || async {
+            broker.queue_len(&w1).await == 2000
+                && broker.queue_len(&format!("{p}.logging")).await == 2000
+        },
+    )
     .await;
     stop.store(true, Ordering::Relaxed);
     for task in flood {
         task.await.unwrap_or_else(|e| panic!("flood task: {e}"));
     }
-    assert!(answered.load(Ordering::Relaxed) > 0, "the flood was served too");
+    assert!(
+        answered.load(Ordering::Relaxed) > 0,
+        "the flood was served too"
+    );
     exactly_once(&support::tally_queues(&broker, &[w1]).await, &all, "w1");
     running.stop().await.unwrap_or_else(|e| panic!("{e}"));
     delete_all_with_prefix(&p).await;
@@ -611,7 +794,11 @@ fn the_checks_of_this_file_count_what_they_claim() {
     // `exactly_once` itself fails on a loss, a duplicate and a stranger.
     let expected = bodies("x", 0..3);
     let tallied = |items: &[&str]| tally(items.iter().map(|s| (*s).to_owned()));
-    for bad in [&["x0", "x1"][..], &["x0", "x1", "x2", "x2"], &["x0", "x1", "x2", "y"]] {
+    for bad in [
+        &["x0", "x1"][..],
+        &["x0", "x1", "x2", "x2"],
+        &["x0", "x1", "x2", "y"],
+    ] {
         let got = tallied(bad);
         let caught = std::panic::catch_unwind(|| exactly_once(&got, &expected, "t"));
         assert!(caught.is_err(), "{bad:?} passed");

@@ -22,6 +22,8 @@ use switchyard::config::{Settings, load_str};
 const BIN: &str = env!("CARGO_BIN_EXE_switchyard");
 /// The variable that gives the HTTP ingress its bearer tokens.
 const TOKENS_VAR: &str = "SWITCHYARD__INGRESS__HTTP__TOKENS";
+/// The environment variable the compose file gives the admin tokens in.
+const ADMIN_TOKENS_VAR: &str = "SWITCHYARD__ADMIN__TOKENS";
 
 fn docker() -> PathBuf {
     root().join("docker")
@@ -291,13 +293,16 @@ fn check_refused(config: &Path, env: &BTreeMap<String, String>) -> String {
 /// written into its table, as the override does at run time (the tests
 /// load the file without the process environment).
 fn with_tokens(toml: &str, env: &BTreeMap<String, String>) -> String {
-    match env.get(TOKENS_VAR) {
-        Some(tokens) if toml.contains("\n[ingress.http]\n") => toml.replace(
-            "\n[ingress.http]\n",
-            &format!("\n[ingress.http]\ntokens = {tokens:?}\n"),
-        ),
-        _ => toml.to_owned(),
+    let mut toml = toml.to_owned();
+    for (var, table) in [(TOKENS_VAR, "ingress.http"), (ADMIN_TOKENS_VAR, "admin")] {
+        let header = format!("\n[{table}]\n");
+        if let Some(tokens) = env.get(var)
+            && toml.contains(&header)
+        {
+            toml = toml.replace(&header, &format!("{header}tokens = {tokens:?}\n"));
+        }
     }
+    toml
 }
 
 /// (user, password, host, port) of an `amqp://` URI.
@@ -452,8 +457,11 @@ fn the_mounted_configuration_is_valid_and_reaches_the_compose_broker() {
         mounts(stack.service("switchyard")).contains_key(target),
         "compose mounts its configuration over the image's {target}"
     );
-    // Valid once given a token, as `docker run -e` gives it.
-    let token = BTreeMap::from([(TOKENS_VAR.to_owned(), "t0ken".to_owned())]);
+    // Valid once given its tokens, as `docker run -e` gives them.
+    let token = BTreeMap::from([
+        (TOKENS_VAR.to_owned(), "t0ken".to_owned()),
+        (ADMIN_TOKENS_VAR.to_owned(), "adm1n".to_owned()),
+    ]);
     check(&root().join("docker/switchyard.toml"), &token);
 }
 

@@ -92,13 +92,18 @@ fn temp_config(p: &str, toml: &str) -> std::path::PathBuf {
 
 #[test]
 fn the_commands_listed_are_the_commands_that_run() {
-    assert_eq!(listed_commands(&[]), ["run", "check", "dlq", "trace"]);
+    assert_eq!(listed_commands(&[]), ["run", "check", "dlq", "trace", "ctl"]);
     assert_eq!(listed_commands(&["dlq"]), ["inspect", "redrive"]);
+    assert_eq!(
+        listed_commands(&["ctl"]),
+        ["status", "pause", "resume", "drain", "undrain", "register", "unregister"]
+    );
     for command in [
         &["run"][..],
         &["check"],
         &["dlq", "inspect"],
         &["dlq", "redrive"],
+        &["ctl"],
     ] {
         help(command);
     }

@@ -1,5 +1,7 @@
 //! The README's quick start, two-minute walkthrough, "What happened to
-//! message X?" and sessions walkthrough, and the `curl` walkthrough of `docs/http-ingress.md`, run
+//! message X?" and sessions walkthrough, the `curl` walkthrough of
+//! `docs/http-ingress.md`, and the maintenance and registration
+//! walkthroughs of `docs/operations.md`, run
 //! as a reader runs them: each `sh` block of those sections as written,
 //! through the real `rabbitmqadmin`, `rabbitmqctl` and `curl`, from the
 //! repository's root, with the state the documents state checked after
@@ -12,7 +14,8 @@
 //! gets `-n NODE`, `rabbitmqadmin` the node's management port, `switchyard`
 //! (the binary under test) the node's URI and free admin and HTTP ingress
 //! ports, `curl` connects to that ingress port whenever it is asked for
-//! the seed configuration's `127.0.0.1:8080`, and
+//! the seed configuration's `127.0.0.1:8080` (and to that admin port for
+//! its `127.0.0.1:9090`), and
 //! `cargo run --release -- ARGS` runs that `switchyard ARGS`.
 
 use crate::support;
@@ -34,6 +37,8 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Where the seed configuration's HTTP ingress listens, as the documents
 /// write it.
 const SEED_INGRESS: &str = "127.0.0.1:8080";
+/// Where its admin endpoint listens.
+const SEED_ADMIN: &str = "127.0.0.1:9090";
 
 /// The `sh` blocks of the README section whose heading starts with `heading`.
 fn blocks(heading: &str) -> Vec<String> {
@@ -167,7 +172,8 @@ impl Tour {
             (
                 "curl",
                 format!(
-                    "exec {} --connect-to {SEED_INGRESS}:127.0.0.1:{http_port} \"$@\"",
+                    "exec {} --connect-to {SEED_INGRESS}:127.0.0.1:{http_port} \
+                     --connect-to {SEED_ADMIN}:127.0.0.1:{admin_port} \"$@\"",
                     real("curl").display()
                 ),
             ),
@@ -788,13 +794,127 @@ async fn http_walkthrough(tour: &mut Tour) {
     start_clean(tour).await;
 }
 
+/// "Maintenance without a reload" in `docs/operations.md`: a drain, an
+/// undrain, a pause and a resume with `switchyard ctl`.
+async fn maintenance_walkthrough(tour: &mut Tour) {
+    let b = blocks_in("docs/operations.md", "Maintenance without a reload");
+    assert_eq!(b.len(), 4, "four steps: {b:?}");
+    tour.start_forwarder(&b[0]).await;
+
+    let out = tour.step(&b[1]);
+    assert!(out.contains("drained primaryServiceQueue"), "2.: {out}");
+    tour.await_queues(
+        "2. the service copy on the backup",
+        &[
+            ("service.primary", Some((0, 0))),
+            ("service.backup", Some((1, 0))),
+            ("logging.primary", Some((1, 0))),
+            ("work.in", Some((0, 0))),
+        ],
+    )
+    .await;
+    let log = tour.log();
+    assert!(
+        log.contains("endpoint drained"),
+        "2. the log says so:\n{log}"
+    );
+    assert!(!log.contains(": failover "), "2. no failover:\n{log}");
+    assert!(
+        !log.contains("ops-secret"),
+        "2. the token is never logged:\n{log}"
+    );
+
+    let out = tour.step(&b[2]);
+    assert!(
+        out.contains("paused: yes"),
+        "3. the status says paused: {out}"
+    );
+    assert!(
+        out.contains("primaryServiceQueue          up"),
+        "3. undrained: {out}"
+    );
+    tour.await_queues(
+        "3. the message waits in the forwarder, unacked",
+        &[
+            ("service.primary", Some((0, 0))),
+            ("logging.primary", Some((1, 0))),
+            ("work.in", Some((1, 1))),
+        ],
+    )
+    .await;
+
+    let out = tour.step(&b[3]);
+    assert!(out.contains("resumed"), "4.: {out}");
+    tour.await_queues(
+        "4. delivered on resume",
+        &[
+            ("service.primary", Some((1, 0))),
+            ("service.backup", Some((1, 0))),
+            ("logging.primary", Some((2, 0))),
+            ("work.in", Some((0, 0))),
+            ("work.dlq", Some((0, 0))),
+        ],
+    )
+    .await;
+    tour.stop_forwarder().await;
+    start_clean(tour).await;
+}
+
+/// "Services that register themselves" in `docs/operations.md`: a
+/// service's start and stop hooks with `curl`.
+async fn registry_walkthrough(tour: &mut Tour) {
+    let b = blocks_in("docs/operations.md", "Services that register themselves");
+    assert_eq!(b.len(), 3, "three steps: {b:?}");
+    tour.start_forwarder(&b[0]).await;
+
+    let out = tour.step(&b[1]);
+    let status = json_line(&out);
+    assert_eq!(status["registrations"][0]["name"], "worker-1", "2.: {out}");
+    tour.await_queues(
+        "2. the job on the registered instance",
+        &[
+            ("worker.1", Some((1, 0))),
+            ("logging.primary", Some((1, 0))),
+            ("work.in", Some((0, 0))),
+        ],
+    )
+    .await;
+
+    let out = tour.step(&b[2]);
+    let status = json_line(&out);
+    assert_eq!(status["registrations"], serde_json::json!([]), "3.: {out}");
+    tour.await_queues(
+        "3. the next job waits in the forwarder for an instance",
+        &[
+            ("worker.1", Some((1, 0))),
+            ("logging.primary", Some((1, 0))),
+            ("work.in", Some((1, 1))),
+            ("work.dlq", Some((0, 0))),
+        ],
+    )
+    .await;
+    tour.stop_forwarder().await;
+    tour.step("rabbitmqadmin delete queue name=worker.1");
+    start_clean(tour).await;
+}
+
+/// The one line of `out` that is a JSON object (what `curl` printed
+/// among the other tools' lines).
+fn json_line(out: &str) -> Value {
+    let line = out.lines().find(|l| l.starts_with('{'));
+    let line = line.unwrap_or_else(|| panic!("no JSON line in {out}"));
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"))
+}
+
 #[tokio::test]
 async fn the_walkthroughs_run_as_written_in_any_order() {
     let mut tour = Tour::start().await;
     quick_start(&mut tour).await;
     walkthrough(&mut tour).await;
     http_walkthrough(&mut tour).await;
+    maintenance_walkthrough(&mut tour).await;
     journal_walkthrough(&mut tour).await;
+    registry_walkthrough(&mut tour).await;
     sessions_walkthrough(&mut tour).await;
     walkthrough(&mut tour).await;
     tour.finish().await;

@@ -4,6 +4,7 @@
 //! unknown key an error). [`super::compile`] turns a [`RawConfig`] into a
 //! [`super::Settings`] whose every name is resolved.
 
+use super::control::RawControl;
 use super::unknown::UnknownKey;
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -59,7 +60,7 @@ pub struct RawConfig {
     /// The group's commands (pause, drains, registrations), on a RabbitMQ
     /// stream.
     #[serde(default)]
-    pub control: super::control::RawControl,
+    pub control: RawControl,
 }
 
 fn default_instance_name() -> String {

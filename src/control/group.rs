@@ -27,6 +27,8 @@ use tokio_util::task::TaskTracker;
 
 /// How long a command's sender waits to read it back applied.
 const APPLY_WAIT: Duration = Duration::from_secs(5);
+/// How long a stopping instance tries to say it leaves.
+const LEAVE_BOUND: Duration = Duration::from_secs(2);
 /// Records read between two snapshots this instance writes.
 const SNAPSHOT_EVERY: u64 = 500;
 /// Records buffered while no base state is known yet, at most.
@@ -164,6 +166,10 @@ impl Group {
         background.spawn(async move {
             *group.inner.stream.lock().await = Some(stream);
             group.follow(&settings, &stop).await;
+            // Said once, briefly: a stop that cannot say it leaves a line
+            // in the status until newer instances push it out.
+            let leave = uuid::Uuid::new_v4().to_string();
+            let _ = tokio::time::timeout(LEAVE_BOUND, group.append(leave, Body::Leave)).await;
             if let Some(mut stream) = group.inner.stream.lock().await.take() {
                 stream.close().await;
             }

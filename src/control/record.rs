@@ -29,6 +29,8 @@ pub enum Body {
     /// An instance (re)joins: once it reads this record back, it has read
     /// every command written before it.
     Hello,
+    /// An instance stops (a clean shutdown): it leaves the status.
+    Leave,
     /// Stop taking new messages.
     Pause,
     /// Take new messages again.
@@ -73,7 +75,7 @@ impl Body {
     pub fn is_command(&self) -> bool {
         !matches!(
             self,
-            Self::Hello | Self::Applied { .. } | Self::Snapshot { .. }
+            Self::Hello | Self::Leave | Self::Applied { .. } | Self::Snapshot { .. }
         )
     }
 }

@@ -83,6 +83,9 @@ impl GroupState {
                 seen.joined = Some(offset);
                 self.forget_oldest_instances();
             }
+            Body::Leave => {
+                self.instances.remove(&record.instance);
+            }
             Body::Applied { offset } => {
                 let seen = self.instances.entry(record.instance.clone()).or_default();
                 seen.applied = seen.applied.max(Some(*offset));
@@ -295,5 +298,11 @@ mod tests {
         assert_eq!(state.instances["b"].applied, Some(1));
         assert_eq!(state.instances["b"].joined_at_ms, 3);
         assert_eq!(state.offset, Some(1), "hello and applied are no commands");
+        state.apply(4, &record("b", 5, Body::Leave), 5);
+        assert!(
+            !state.instances.contains_key("b"),
+            "a clean stop leaves the status"
+        );
+        assert_eq!(state.offset, Some(1));
     }
 }

@@ -8,6 +8,7 @@ use super::generation::{Common, Generation};
 use super::outcome::Barred;
 use crate::broker::{declare_endpoint_queue, prepare_inbound};
 use crate::config::Settings;
+use crate::control::Registered;
 use crate::envelope::Envelope;
 use crate::reload::Reload;
 use crate::routing::BranchPlan;
@@ -23,8 +24,9 @@ pub(super) struct Live {
     /// The configuration as its file says, before registrations join it.
     base: std::sync::Mutex<Settings>,
     /// Held while a new generation is made, so that a reload and a
-    /// registration never build from the same one.
-    switching: tokio::sync::Mutex<()>,
+    /// registration never build from the same one; holds the
+    /// registrations the live generation was built with.
+    switching: tokio::sync::Mutex<Registered>,
     pub(super) common: Common,
     telemetry: Telemetry,
 }
@@ -33,10 +35,11 @@ impl Live {
     /// Generation 1, from `settings`.
     pub(super) fn new(settings: Settings, common: Common) -> Self {
         let first = Generation::build(1, settings.clone(), None, &common);
+        let registered = common.group.registered().borrow().clone();
         Self {
             generation: watch::Sender::new(Arc::new(first)),
             base: std::sync::Mutex::new(settings),
-            switching: tokio::sync::Mutex::new(()),
+            switching: tokio::sync::Mutex::new(registered),
             telemetry: common.telemetry.clone(),
             common,
         }
@@ -50,10 +53,16 @@ impl Live {
     /// Switches to a generation whose registrable branches list the
     /// endpoints registered now: new messages use them, transactions in
     /// flight keep the lists they started with.
+    /// Does nothing when the live generation has them already, so that a
+    /// command's answer can wait for it.
     pub(super) async fn reregister(&self) {
-        let _switching = self.switching.lock().await;
+        let mut built_with = self.switching.lock().await;
         let registered = self.common.group.registered().borrow().clone();
+        if Arc::ptr_eq(&built_with, &registered) {
+            return;
+        }
         let settings = self.base().with_registered(&registered);
+        *built_with = registered;
         let current = self.current();
         let next = Generation::build(current.number + 1, settings, Some(&current), &self.common);
         let next = Arc::new(next);
@@ -144,9 +153,10 @@ impl Live {
                 return false;
             }
         };
-        let _switching = self.switching.lock().await;
+        let mut built_with = self.switching.lock().await;
         // Registrations, drains and a pause outlive a reload.
-        let settings = base.with_registered(&self.common.group.registered().borrow());
+        let registered = self.common.group.registered().borrow().clone();
+        let settings = base.with_registered(&registered);
         let current = self.current();
         let next = Generation::build(current.number + 1, settings, Some(&current), &self.common);
         let inbound_differs = current.inbound_differs(&next);
@@ -193,6 +203,7 @@ impl Live {
                 .reload_needs_restart("admin.listen", "the admin listener keeps its address");
         }
         let next = Arc::new(next);
+        *built_with = registered;
         *self.base.lock().unwrap_or_else(|e| e.into_inner()) = base;
         self.generation.send_replace(next.clone());
         self.announce(&next);

@@ -46,6 +46,8 @@ impl Steering {
         let group = &self.live.common.group;
         let body = command.check(&self.live.base(), &group.state())?;
         group.submit(body).await?;
+        // A registration is live for the next message once this answers.
+        self.live.reregister().await;
         Ok(self.status())
     }
 

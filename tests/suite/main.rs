@@ -38,6 +38,12 @@ mod consumer;
 #[path = "../control.rs"]
 mod control;
 
+#[path = "../control_group.rs"]
+mod control_group;
+
+#[path = "../ctl.rs"]
+mod ctl;
+
 #[path = "../dead_letter.rs"]
 mod dead_letter;
 

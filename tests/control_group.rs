@@ -1,0 +1,576 @@
+//! A group of two real instances (the same `name`, the same inbound
+//! queue, each with its own admin port and the token `T`): a command sent
+//! to one applies to both. A service registered through the first takes
+//! the second's messages too, and messages that came before any
+//! registration are held, not dead-lettered, until it registers; a drain
+//! sent to the second and a pause sent to the first hold on both (status,
+//! `/readyz`, metrics, and no copy made while paused); an instance
+//! SIGKILLed while the group is paused comes back paused, with the drain
+//! and the registration, before it takes work, and a resume sent to it
+//! releases every message held meanwhile. Every message is counted by
+//! body: nothing lost, nothing twice, nothing dead-lettered.
+
+use crate::support;
+
+use lapin::BasicProperties;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::time::Duration;
+use support::config::{Branch, Endpoint, Filter, Forwarder};
+use support::control::{ControlClient, endpoint_state, json_of, registered};
+use support::harness::{Process, wait_consumers};
+use support::rabbitmqctl::ready_unacked;
+use support::{
+    DEFAULT_TIMEOUT, HttpResponse, Metrics, TestBroker, delete_all_with_prefix, free_admin_addr,
+    http_get, http_send, tally, unique_prefix, wait_for, wait_until,
+};
+
+const TOKEN: &str = "T";
+const FORWARDED: &str = "switchyard_messages_forwarded_total";
+const FAILOVERS: &str = "switchyard_failovers_total";
+const PAUSED: &str = "switchyard_paused";
+const ENDPOINT_STATE: &str = "switchyard_endpoint_state";
+const REGISTRATIONS: &str = "switchyard_registrations";
+/// A registration's lease: far longer than any test here runs.
+const LEASE_MS: u64 = 300_000;
+
+/// One real instance of the group and its admin endpoint.
+struct Instance {
+    process: Process,
+    control: ControlClient,
+}
+
+impl Instance {
+    /// `switchyard run` on `config` with an admin port of its own and the
+    /// group's token.
+    fn spawn(p: &str, tag: &str, config: &Forwarder) -> Self {
+        let addr = free_admin_addr();
+        let toml = config
+            .clone()
+            .admin(&addr.to_string())
+            .admin_key("tokens", [TOKEN])
+            .toml();
+        Self {
+            process: Process::spawn(&format!("{p}-{tag}"), &toml),
+            control: ControlClient::new(addr, TOKEN),
+        }
+    }
+
+    /// Its status once its admin endpoint answers and it has recovered
+    /// the group's state.
+    async fn recovered(&self) -> Value {
+        let auth = format!("Bearer {TOKEN}");
+        let headers = [("Authorization", auth.as_str())];
+        wait_for(
+            "the instance answers its status, recovered",
+            DEFAULT_TIMEOUT,
+            || async {
+                let response =
+                    http_send(self.control.addr, "GET", "/control/status", &headers, b"")
+                        .await
+                        .ok()?;
+                let status = (response.status == 200).then(|| json_of(&response))?;
+                (status["recovered"] == true).then_some(status)
+            },
+        )
+        .await
+    }
+
+    async fn get(&self, path: &str) -> HttpResponse {
+        http_get(self.control.addr, path)
+            .await
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+    }
+
+    async fn metrics(&self) -> Metrics {
+        let response = self.get("/metrics").await;
+        assert_eq!(response.status, 200, "{}", response.body);
+        Metrics::parse(&response.body)
+    }
+
+    async fn metrics_until(&self, what: &str, cond: impl Fn(&Metrics) -> bool) -> Metrics {
+        wait_for(what, DEFAULT_TIMEOUT, || async {
+            let m = self.metrics().await;
+            cond(&m).then_some(m)
+        })
+        .await
+    }
+
+    /// Waits until `/readyz` answers `status`; that answer.
+    async fn ready_until(&self, status: u16) -> HttpResponse {
+        wait_for(
+            &format!("/readyz answers {status}"),
+            DEFAULT_TIMEOUT,
+            || async {
+                let r = self.get("/readyz").await;
+                (r.status == status).then_some(r)
+            },
+        )
+        .await
+    }
+
+    /// Its instance name in the group.
+    async fn name(&self) -> String {
+        let status = self.control.status().await;
+        status["instance"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no instance name: {status}"))
+            .to_owned()
+    }
+
+    /// Stops it with SIGTERM; it must exit 0.
+    async fn stop(mut self) {
+        self.process.signal("TERM");
+        assert_eq!(
+            self.process.wait_exit(DEFAULT_TIMEOUT).await,
+            Some(0),
+            "SIGTERM ends it cleanly; log:\n{}",
+            self.process.log()
+        );
+    }
+}
+
+/// The seed scenario (branches "service" and "logging", each with a
+/// backup) as a group; `workers` adds a registrable round-robin branch
+/// "workers" over every message.
+fn seed_group(p: &str, workers: bool) -> Forwarder {
+    let config = Forwarder::new(p).seed(p);
+    if workers {
+        config.branch(Branch::registrable("workers", "all").set("strategy", "round_robin"))
+    } else {
+        config
+    }
+}
+
+/// `n` bodies, unique to this test and `batch`.
+fn bodies(p: &str, batch: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{p}-{batch}-{i}")).collect()
+}
+
+async fn publish(broker: &TestBroker, inbound: &str, bodies: &[String]) {
+    let sent = broker
+        .publish_many("", inbound, bodies, BasicProperties::default())
+        .await;
+    assert_eq!(sent, bodies.len());
+}
+
+/// Waits until `queue` holds exactly `ready` ready and `unacked` unacked
+/// messages, as the broker counts them.
+async fn inbound_until(queue: &str, ready: u64, unacked: u64, timeout: Duration) {
+    wait_until(
+        &format!("{queue} holds {ready} ready and {unacked} unacked"),
+        timeout,
+        || async { ready_unacked(queue).await == Some((ready, unacked)) },
+    )
+    .await;
+}
+
+/// Watches for `window` that nothing moves while the group is paused:
+/// the inbound queue keeps `held` (ready, unacked), each of `queues`
+/// keeps its count, and no instance of `instances` forwards anything. How
+/// long to watch is the test's choice, not a condition: a pause that
+/// leaked would forward and ack within milliseconds.
+async fn nothing_moves(
+    broker: &TestBroker,
+    inbound: &str,
+    held: (u64, u64),
+    queues: &[(&str, u32)],
+    instances: &[&Instance],
+    window: Duration,
+) {
+    let mut forwarded = Vec::new();
+    for instance in instances {
+        forwarded.push(instance.metrics().await.sum(FORWARDED));
+    }
+    let watched = tokio::time::Instant::now();
+    while watched.elapsed() < window {
+        assert_eq!(ready_unacked(inbound).await, Some(held), "{inbound}");
+        for (queue, expected) in queues {
+            assert_eq!(broker.queue_len(queue).await, *expected, "{queue}");
+        }
+        for (instance, before) in instances.iter().zip(&forwarded) {
+            assert_eq!(instance.metrics().await.sum(FORWARDED), *before);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Drains `queue` and asserts it held each of `sent` exactly once and
+/// nothing else; prints the count and the duplicates.
+async fn assert_each_once(broker: &TestBroker, queue: &str, sent: &[String]) {
+    wait_until(
+        &format!("{queue} holds {} messages", sent.len()),
+        DEFAULT_TIMEOUT,
+        || async { broker.queue_len(queue).await as usize >= sent.len() },
+    )
+    .await;
+    let copies: BTreeMap<String, usize> = tally(&broker.get_all(queue).await);
+    let missing: Vec<&String> = sent.iter().filter(|b| !copies.contains_key(*b)).collect();
+    let duplicated: Vec<(&String, &usize)> = copies.iter().filter(|(_, n)| **n > 1).collect();
+    let strangers: Vec<&String> = copies.keys().filter(|b| !sent.contains(b)).collect();
+    println!(
+        "{queue}: {} copies of {} messages, {} duplicated",
+        copies.values().sum::<usize>(),
+        sent.len(),
+        duplicated.len()
+    );
+    assert!(
+        missing.is_empty() && duplicated.is_empty() && strangers.is_empty(),
+        "{queue}: missing {missing:?}, duplicated {duplicated:?}, unexpected {strangers:?}"
+    );
+}
+
+/// The parts of a status every instance of the group must agree on.
+fn group_view(status: &Value) -> Value {
+    let endpoints: BTreeMap<String, Option<String>> = ["service", "service_backup", "logging"]
+        .into_iter()
+        .map(|e| (e.to_owned(), endpoint_state(status, e)))
+        .collect();
+    serde_json::json!({
+        "group": status["group"],
+        "paused": status["paused"],
+        "paused_by": status["paused_by"],
+        "endpoints": endpoints,
+        "registrations": status["registrations"],
+        "offset": status["offset"],
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_made_through_one_instance_routes_the_other_instances_messages() {
+    let p = unique_prefix("group-register");
+    let broker = TestBroker::connect(&p).await;
+    let (inbound, w1, dlq) = (format!("{p}.in"), format!("{p}.w1"), format!("{p}.dlq"));
+    broker.declare_queue(&w1).await;
+    // A configuration needs an endpoint; this one is in no branch's list.
+    let config = Forwarder::new(&p)
+        .endpoint(Endpoint::queue("spare", &format!("{p}.spare")))
+        .filter("all", Filter::match_all())
+        .branch(Branch::registrable("workers", "all").set("strategy", "round_robin"));
+    let a = Instance::spawn(&p, "a", &config);
+    let b = Instance::spawn(&p, "b", &config);
+    let (status_a, status_b) = (a.recovered().await, b.recovered().await);
+    assert_eq!(status_a["group"], p.as_str());
+    assert_eq!(status_b["group"], p.as_str());
+    assert_ne!(status_a["instance"], status_b["instance"]);
+    wait_consumers(&broker, &inbound, 2).await;
+
+    // Before any registration the branch has no endpoint: its messages
+    // are held by both instances, never dead-lettered.
+    let early = bodies(&p, "early", 20);
+    publish(&broker, &inbound, &early).await;
+    inbound_until(&inbound, 0, 20, DEFAULT_TIMEOUT).await;
+    assert_eq!(broker.queue_len(&w1).await, 0);
+    assert_eq!(broker.queue_len(&dlq).await, 0);
+
+    let answer = a.control.register("workers", "w1", &w1, LEASE_MS).await;
+    assert_eq!(registered(&answer, "workers"), ["w1"], "{answer}");
+    let on_b = b
+        .control
+        .status_until("B lists w1, registered and up", |s| {
+            registered(s, "workers") == ["w1"] && endpoint_state(s, "w1").as_deref() == Some("up")
+        })
+        .await;
+    let registration = &on_b["registrations"][0];
+    assert_eq!(registration["routing_key"], w1.as_str(), "{on_b}");
+    assert_eq!(registration["ttl_ms"], LEASE_MS, "{on_b}");
+    assert_eq!(registration["broker"], "main", "{on_b}");
+
+    let late = bodies(&p, "late", 200);
+    publish(&broker, &inbound, &late).await;
+    inbound_until(&inbound, 0, 0, Duration::from_secs(60)).await;
+    let every: Vec<String> = early.iter().chain(&late).cloned().collect();
+    assert_each_once(&broker, &w1, &every).await;
+    assert_eq!(broker.queue_len(&dlq).await, 0, "nothing dead-lettered");
+
+    // Both instances forwarded to w1, and between them every message once.
+    let workers_w1 = [("branch", "workers"), ("endpoint", "w1")];
+    let mut total = 0.0;
+    for (tag, instance) in [("A", &a), ("B", &b)] {
+        let m = instance.metrics().await;
+        let forwarded = m.value(FORWARDED, &workers_w1);
+        println!("{tag} forwarded {forwarded} to w1");
+        assert!(forwarded > 0.0, "{tag} forwarded nothing to w1");
+        assert_eq!(
+            m.get(REGISTRATIONS, &[("branch", "workers")]),
+            Some(1.0),
+            "{tag}"
+        );
+        assert_eq!(m.sum(FAILOVERS), 0.0, "{tag}");
+        total += forwarded;
+    }
+    assert_eq!(total, every.len() as f64, "A and B forwarded each once");
+
+    a.stop().await;
+    b.stop().await;
+    delete_all_with_prefix(&p).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_through_one_instance_and_a_pause_through_the_other_hold_on_both() {
+    let p = unique_prefix("group-drain-pause");
+    let broker = TestBroker::connect(&p).await;
+    let inbound = format!("{p}.in");
+    let (service, backup, logging, logging_backup, dlq) = (
+        format!("{p}.service"),
+        format!("{p}.service.backup"),
+        format!("{p}.logging"),
+        format!("{p}.logging.backup"),
+        format!("{p}.dlq"),
+    );
+    let config = seed_group(&p, false);
+    let a = Instance::spawn(&p, "a", &config);
+    let b = Instance::spawn(&p, "b", &config);
+    a.recovered().await;
+    b.recovered().await;
+    wait_consumers(&broker, &inbound, 2).await;
+    a.ready_until(200).await;
+    b.ready_until(200).await;
+
+    // Drained through B: A skips `service` too, without failing it.
+    let answer = b.control.drain("service").await;
+    assert_eq!(
+        endpoint_state(&answer, "service").as_deref(),
+        Some("drained")
+    );
+    a.control
+        .status_until("A shows service drained", |s| {
+            endpoint_state(s, "service").as_deref() == Some("drained")
+        })
+        .await;
+    let drained = [("endpoint", "service"), ("state", "drained")];
+    let up = [("endpoint", "service"), ("state", "up")];
+    for (tag, instance) in [("A", &a), ("B", &b)] {
+        let m = instance
+            .metrics_until(&format!("{tag}'s metrics show service drained"), |m| {
+                m.get(ENDPOINT_STATE, &drained) == Some(1.0)
+            })
+            .await;
+        assert_eq!(m.get(ENDPOINT_STATE, &up), Some(0.0), "{tag}");
+        assert_eq!(m.get(PAUSED, &[]), Some(0.0), "{tag}");
+    }
+
+    let drained_batch = bodies(&p, "drained", 60);
+    publish(&broker, &inbound, &drained_batch).await;
+    inbound_until(&inbound, 0, 0, DEFAULT_TIMEOUT).await;
+    for queue in [&backup, &logging] {
+        assert_eq!(broker.queue_len(queue).await, 60, "{queue}");
+    }
+    assert_eq!(broker.queue_len(&service).await, 0, "service is drained");
+    assert_eq!(broker.queue_len(&logging_backup).await, 0);
+    let mut to_backup = 0.0;
+    for (tag, instance) in [("A", &a), ("B", &b)] {
+        let m = instance.metrics().await;
+        assert_eq!(m.sum(FAILOVERS), 0.0, "{tag}: a drain is no failover");
+        assert_eq!(
+            m.value(FORWARDED, &[("branch", "service"), ("endpoint", "service")]),
+            0.0,
+            "{tag}"
+        );
+        to_backup += m.value(
+            FORWARDED,
+            &[("branch", "service"), ("endpoint", "service_backup")],
+        );
+    }
+    assert_eq!(to_backup, 60.0, "A and B sent each to the backup once");
+
+    // Paused through A: neither takes a new message.
+    let answer = a.control.pause().await;
+    assert_eq!(answer["paused"], true, "{answer}");
+    let a_name = a.name().await;
+    assert_eq!(answer["paused_by"]["instance"], a_name.as_str(), "{answer}");
+    for (tag, instance) in [("A", &a), ("B", &b)] {
+        let ready = instance.ready_until(503).await;
+        assert!(
+            ready.body.contains("paused"),
+            "{tag}'s /readyz: {}",
+            ready.body
+        );
+        instance
+            .metrics_until(&format!("{tag}'s switchyard_paused is 1"), |m| {
+                m.get(PAUSED, &[]) == Some(1.0)
+            })
+            .await;
+    }
+    let paused_batch = bodies(&p, "paused", 100);
+    publish(&broker, &inbound, &paused_batch).await;
+    // Every one handed to the instances, which hold it unforwarded.
+    inbound_until(&inbound, 0, 100, DEFAULT_TIMEOUT).await;
+    let counts = [
+        (service.as_str(), 0),
+        (backup.as_str(), 60),
+        (logging.as_str(), 60),
+        (logging_backup.as_str(), 0),
+        (dlq.as_str(), 0),
+    ];
+    nothing_moves(
+        &broker,
+        &inbound,
+        (0, 100),
+        &counts,
+        &[&a, &b],
+        Duration::from_secs(3),
+    )
+    .await;
+
+    // Both hold the same view of the group, and both have applied every
+    // command.
+    let in_step = |s: &Value| {
+        let instances = s["instances"].as_array().cloned().unwrap_or_default();
+        instances.len() == 2 && instances.iter().all(|i| i["in_step"] == true)
+    };
+    let seen_by_a = a.control.status_until("A sees both in step", in_step).await;
+    let seen_by_b = b.control.status_until("B sees both in step", in_step).await;
+    assert_eq!(group_view(&seen_by_a), group_view(&seen_by_b));
+    assert_eq!(seen_by_b["paused"], true);
+    assert_eq!(seen_by_b["paused_by"]["instance"], a_name.as_str());
+    assert_eq!(
+        endpoint_state(&seen_by_b, "service").as_deref(),
+        Some("drained")
+    );
+    assert_eq!(seen_by_b["registrations"], serde_json::json!([]));
+
+    // Resumed through B: every message held is forwarded once.
+    let answer = b.control.resume().await;
+    assert_eq!(answer["paused"], false, "{answer}");
+    a.ready_until(200).await;
+    inbound_until(&inbound, 0, 0, DEFAULT_TIMEOUT).await;
+    let every: Vec<String> = drained_batch.iter().chain(&paused_batch).cloned().collect();
+    assert_each_once(&broker, &backup, &every).await;
+    assert_each_once(&broker, &logging, &every).await;
+    assert_eq!(broker.queue_len(&service).await, 0, "service still drained");
+    assert_eq!(broker.queue_len(&dlq).await, 0, "nothing dead-lettered");
+    for (tag, instance) in [("A", &a), ("B", &b)] {
+        let m = instance.metrics().await;
+        assert_eq!(m.get(PAUSED, &[]), Some(0.0), "{tag}");
+        assert_eq!(m.sum(FAILOVERS), 0.0, "{tag}");
+    }
+
+    a.stop().await;
+    b.stop().await;
+    delete_all_with_prefix(&p).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_restarted_while_paused_comes_back_paused_with_the_drain_and_the_registration()
+{
+    let p = unique_prefix("group-restart");
+    let broker = TestBroker::connect(&p).await;
+    let inbound = format!("{p}.in");
+    let (service, backup, logging, w1, dlq) = (
+        format!("{p}.service"),
+        format!("{p}.service.backup"),
+        format!("{p}.logging"),
+        format!("{p}.w1"),
+        format!("{p}.dlq"),
+    );
+    broker.declare_queue(&w1).await;
+    // A small prefetch leaves messages ready in the queue while both hold
+    // theirs: a restarted instance that consumed before it knew the group
+    // was paused would take them and forward them at once.
+    const PREFETCH: u32 = 20;
+    let config = seed_group(&p, true).inbound("prefetch", PREFETCH);
+    let a = Instance::spawn(&p, "a", &config);
+    let mut b = Instance::spawn(&p, "b", &config);
+    a.recovered().await;
+    b.recovered().await;
+    wait_consumers(&broker, &inbound, 2).await;
+
+    // The group: w1 registered, service drained, paused.
+    a.control.register("workers", "w1", &w1, LEASE_MS).await;
+    b.control.drain("service").await;
+    let paused = a.control.pause().await;
+    let paused_by = paused["paused_by"].clone();
+    b.control
+        .status_until("B applied all three", |s| {
+            s["paused"] == true
+                && endpoint_state(s, "service").as_deref() == Some("drained")
+                && registered(s, "workers") == ["w1"]
+        })
+        .await;
+    let held = bodies(&p, "paused", 100);
+    publish(&broker, &inbound, &held).await;
+    let prefetch = u64::from(PREFETCH);
+    inbound_until(&inbound, 100 - 2 * prefetch, 2 * prefetch, DEFAULT_TIMEOUT).await;
+
+    // B dies with the messages it was handed: they go back to the queue,
+    // unforwarded (A, full, takes none of them).
+    let old_b = b.name().await;
+    b.process.signal("KILL");
+    assert_eq!(
+        b.process.wait_exit(DEFAULT_TIMEOUT).await,
+        None,
+        "killed by a signal"
+    );
+    drop(b);
+    wait_consumers(&broker, &inbound, 1).await;
+    inbound_until(&inbound, 100 - prefetch, prefetch, DEFAULT_TIMEOUT).await;
+
+    let b = Instance::spawn(&p, "b2", &config);
+    let status = b.recovered().await;
+    assert_ne!(status["instance"], old_b.as_str(), "a new instance");
+    assert_eq!(status["paused"], true, "{status}");
+    assert_eq!(status["paused_by"], paused_by, "{status}");
+    assert_eq!(
+        endpoint_state(&status, "service").as_deref(),
+        Some("drained"),
+        "{status}"
+    );
+    assert_eq!(registered(&status, "workers"), ["w1"], "{status}");
+    assert_eq!(status["registrations"][0]["routing_key"], w1.as_str());
+    let ready = b.ready_until(503).await;
+    assert!(ready.body.contains("paused"), "/readyz: {}", ready.body);
+    let m = b.metrics().await;
+    assert_eq!(m.get(PAUSED, &[]), Some(1.0));
+    assert_eq!(
+        m.get(
+            ENDPOINT_STATE,
+            &[("endpoint", "service"), ("state", "drained")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(m.get(REGISTRATIONS, &[("branch", "workers")]), Some(1.0));
+
+    // The new B takes its share of the ready messages and holds it.
+    wait_consumers(&broker, &inbound, 2).await;
+    inbound_until(&inbound, 100 - 2 * prefetch, 2 * prefetch, DEFAULT_TIMEOUT).await;
+    let empty = [
+        (service.as_str(), 0),
+        (backup.as_str(), 0),
+        (logging.as_str(), 0),
+        (w1.as_str(), 0),
+        (dlq.as_str(), 0),
+    ];
+    let held_now = (100 - 2 * prefetch, 2 * prefetch);
+    nothing_moves(
+        &broker,
+        &inbound,
+        held_now,
+        &empty,
+        &[&a, &b],
+        Duration::from_secs(3),
+    )
+    .await;
+    assert_eq!(b.metrics().await.sum(FORWARDED), 0.0, "the new B held all");
+
+    // Resumed through the new B: every message held arrives once on each
+    // branch, through the backup of the drained service.
+    let answer = b.control.resume().await;
+    assert_eq!(answer["paused"], false, "{answer}");
+    inbound_until(&inbound, 0, 0, Duration::from_secs(60)).await;
+    for queue in [&backup, &logging, &w1] {
+        assert_each_once(&broker, queue, &held).await;
+    }
+    assert_eq!(broker.queue_len(&service).await, 0, "service still drained");
+    assert_eq!(broker.queue_len(&dlq).await, 0, "nothing dead-lettered");
+    let m = b.metrics().await;
+    assert!(
+        m.value(FORWARDED, &[("branch", "workers"), ("endpoint", "w1")]) > 0.0,
+        "the new B forwarded its share once resumed"
+    );
+    assert_eq!(m.get(PAUSED, &[]), Some(0.0));
+
+    a.stop().await;
+    b.stop().await;
+    delete_all_with_prefix(&p).await;
+}
