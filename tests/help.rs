@@ -92,11 +92,22 @@ fn temp_config(p: &str, toml: &str) -> std::path::PathBuf {
 
 #[test]
 fn the_commands_listed_are_the_commands_that_run() {
-    assert_eq!(listed_commands(&[]), ["run", "check", "dlq", "trace", "ctl"]);
+    assert_eq!(
+        listed_commands(&[]),
+        ["run", "check", "dlq", "trace", "ctl"]
+    );
     assert_eq!(listed_commands(&["dlq"]), ["inspect", "redrive"]);
     assert_eq!(
         listed_commands(&["ctl"]),
-        ["status", "pause", "resume", "drain", "undrain", "register", "unregister"]
+        [
+            "status",
+            "pause",
+            "resume",
+            "drain",
+            "undrain",
+            "register",
+            "unregister"
+        ]
     );
     for command in [
         &["run"][..],

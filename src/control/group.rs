@@ -11,6 +11,7 @@
 //! answer tells the truth about the state. Every instance acknowledges
 //! each command with an `applied` record, which status shows.
 
+use super::base::{Base, Step};
 use super::record::{Body, Record, Registration};
 use super::state::{Changed, GroupState};
 use crate::backoff::Backoff;
@@ -31,8 +32,6 @@ const APPLY_WAIT: Duration = Duration::from_secs(5);
 const LEAVE_BOUND: Duration = Duration::from_secs(2);
 /// Records read between two snapshots this instance writes.
 const SNAPSHOT_EVERY: u64 = 500;
-/// Records buffered while no base state is known yet, at most.
-const MAX_UNBASED: usize = 100_000;
 
 /// The registered endpoints by branch, in name order.
 pub type Registered = Arc<BTreeMap<String, Vec<Arc<Endpoint>>>>;
@@ -295,41 +294,28 @@ impl Group {
         hello: &str,
     ) -> Result<(), ControlStreamError> {
         reader.since_snapshot += 1;
-        if reader.first.is_none() {
-            reader.first = Some(offset);
-            // A stream read from its very beginning lacks nothing.
-            reader.based = offset == 0;
-        }
-        if let Body::Snapshot { through, state } = &record.body {
+        if matches!(record.body, Body::Snapshot { .. }) {
             reader.since_snapshot = 0;
-            if !reader.based {
-                self.rebase(reader, *through, state.clone());
-            }
-            return Ok(());
         }
-        if !reader.based && record.id != hello {
-            if reader.unbased.len() < MAX_UNBASED {
-                reader.unbased.push((offset, record));
+        let (id, command) = (record.id.clone(), record.body.is_command());
+        match reader.base.read(offset, record, hello) {
+            Step::Wait => return Ok(()),
+            Step::Apply(records) => self.apply_all(&records),
+            Step::Rebase(state, records) => {
+                self.rebase(*state);
+                self.apply_all(&records);
             }
-            return Ok(());
+            Step::Partial(records) => {
+                if let Some(settings) = &self.inner.settings {
+                    let first = reader.base.first().unwrap_or_default();
+                    self.inner
+                        .telemetry
+                        .control_state_partial(&settings.stream, first);
+                }
+                self.apply_all(&records);
+            }
         }
-        if !reader.based {
-            // Our own hello, and no snapshot before it: what was read is all there is.
-            if let Some(settings) = &self.inner.settings {
-                let first = reader.first.unwrap_or_default();
-                self.inner
-                    .telemetry
-                    .control_state_partial(&settings.stream, first);
-            }
-            let unbased = std::mem::take(&mut reader.unbased);
-            for (at, earlier) in unbased {
-                self.apply(at, &earlier);
-            }
-            reader.based = true;
-        }
-        let command = record.body.is_command();
-        self.apply(offset, &record);
-        if record.id == hello && !self.is_recovered() {
+        if id == hello && !self.is_recovered() {
             let state = self.state();
             if let Some(settings) = &self.inner.settings {
                 self.inner.telemetry.control_recovered(
@@ -341,7 +327,7 @@ impl Group {
             }
             self.inner.recovered.send_replace(true);
         }
-        if let Some(waiter) = lock(&self.inner.waiters).remove(&record.id) {
+        if let Some(waiter) = lock(&self.inner.waiters).remove(&id) {
             let _ = waiter.send(());
         }
         if command && self.is_recovered() {
@@ -361,9 +347,8 @@ impl Group {
         Ok(())
     }
 
-    /// Takes a snapshot as the base state, then the records read before it
-    /// that came after what it includes.
-    fn rebase(&self, reader: &mut Reader, through: u64, state: GroupState) {
+    /// Takes `state` as the group's, from a snapshot.
+    fn rebase(&self, state: GroupState) {
         let before = self.state();
         *lock(&self.inner.state) = state;
         self.changed(
@@ -374,11 +359,12 @@ impl Group {
                 registrations: true,
             },
         );
-        let unbased = std::mem::take(&mut reader.unbased);
-        for (at, record) in unbased.into_iter().filter(|(at, _)| *at > through) {
-            self.apply(at, &record);
+    }
+
+    fn apply_all(&self, records: &[(u64, Record)]) {
+        for (offset, record) in records {
+            self.apply(*offset, record);
         }
-        reader.based = true;
     }
 
     fn apply(&self, offset: u64, record: &Record) {
@@ -502,13 +488,9 @@ impl Group {
 struct Reader {
     /// Where to follow from next.
     next: Start,
-    /// The first offset read.
-    first: Option<u64>,
-    /// Whether a base state is known (the stream read from offset 0, or a
-    /// snapshot taken).
-    based: bool,
-    /// Records read before a base state was known.
-    unbased: Vec<(u64, Record)>,
+    /// Where its knowledge of the group starts.
+    base: Base,
+    /// Records read since the last snapshot.
     since_snapshot: u64,
 }
 
@@ -516,9 +498,7 @@ impl Default for Reader {
     fn default() -> Self {
         Self {
             next: Start::First,
-            first: None,
-            based: false,
-            unbased: Vec::new(),
+            base: Base::default(),
             since_snapshot: 0,
         }
     }

@@ -5,11 +5,14 @@
 //!
 //! - `record`: what travels on the stream, one JSON record per message.
 //! - `state`: the group's state, rebuilt from records (pure).
+//! - `base`: where a follower's knowledge starts: the stream's first
+//!   record, or a snapshot once retention trimmed it (pure).
 //! - `command`: a request checked against the configuration and the state
 //!   before anything is written; a refusal changes nothing.
 //! - `group`: one instance following the stream, recovering the state in
 //!   force before it takes work, and telling the pipeline what changed.
 
+mod base;
 pub mod command;
 pub mod group;
 pub mod record;
