@@ -168,7 +168,7 @@ pub async fn run_with(
     let server = admin.map(|admin| {
         let readiness = forwarder.readiness();
         let ready: admin::Ready<NotReady> = Arc::new(move || readiness.check());
-        let steering = Some(forwarder.steering());
+        let steering: Option<Arc<dyn control::Steer>> = Some(Arc::new(forwarder.steering()));
         tokio::spawn(admin.serve(telemetry.clone(), ready, steering, admin_stop.clone()))
     });
     // The ingress stops taking requests when shutdown starts; the ones it

@@ -16,8 +16,8 @@
 //! A command carried out answers 200 with the status once this instance
 //! has applied it.
 
-use crate::control::{Command, Refusal, RegisterRequest, SubmitError};
-use crate::pipeline::steering::{SteerError, Steering};
+use crate::control::{Command, Refusal, RegisterRequest, Steer, SteerError, SubmitError};
+use crate::listen::bearer::{Bearer, bearer};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE};
@@ -41,7 +41,7 @@ pub fn owns(path: &str) -> bool {
 /// Answers one request to a control path.
 pub async fn respond(
     request: Request<Incoming>,
-    steering: Option<&Steering>,
+    steering: Option<&dyn Steer>,
 ) -> Response<Full<Bytes>> {
     let Some(steering) = steering else {
         return error(StatusCode::FORBIDDEN, "control is off on this instance");
@@ -58,7 +58,7 @@ pub async fn respond(
             "control needs admin.tokens, and none are set on this instance",
         );
     }
-    if crate::ingress::request::authorize(request.headers(), &tokens).is_err() {
+    if bearer(request.headers(), &tokens) != Bearer::Accepted {
         let mut response = error(StatusCode::UNAUTHORIZED, "unauthorized");
         response
             .headers_mut()

@@ -23,8 +23,8 @@
 
 mod control;
 
+use crate::control::Steer;
 use crate::listen::gate::{Gate, Served};
-use crate::pipeline::steering::Steering;
 use crate::telemetry::{Listener, METRICS_CONTENT_TYPE, Telemetry};
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
@@ -129,7 +129,7 @@ impl Admin {
         self,
         telemetry: Telemetry,
         readiness: Ready<E>,
-        steering: Option<Steering>,
+        steering: Option<Arc<dyn Steer>>,
         stop: CancellationToken,
     ) {
         crate::listen::deepen_backlog(&self.listener);
@@ -161,7 +161,7 @@ impl Admin {
                     async move {
                         let response = match response {
                             Ok(response) => response,
-                            Err(request) => control::respond(request, steering.as_ref()).await,
+                            Err(request) => control::respond(request, steering.as_deref()).await,
                         };
                         Ok::<_, Infallible>(response)
                     }

@@ -3,7 +3,6 @@
 
 use super::BrokerSpec;
 use super::error::InvalidKey;
-use super::raw::RawAdmin;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -82,11 +81,19 @@ impl Control {
     }
 }
 
+/// The keys of `[admin]` control reads.
+pub(super) struct Admin<'a> {
+    /// `admin.tokens`.
+    pub tokens: &'a [String],
+    /// `admin.max_registrations`.
+    pub max_registrations: u32,
+}
+
 /// `[control]` with `[admin]`'s tokens: `None` when control is off. A
 /// non-loopback admin listener that would take commands needs tokens.
 pub(super) fn compile_control(
     raw: &RawControl,
-    admin: &RawAdmin,
+    admin: Admin<'_>,
     admin_listen: Option<SocketAddr>,
     brokers: &BTreeMap<String, Arc<BrokerSpec>>,
     inbound_broker: Option<&str>,

@@ -44,6 +44,13 @@ impl Base {
         self.first
     }
 
+    /// Ends the wait for a base without one: what was read is all there
+    /// is (this follower could not write its hello).
+    pub fn settle(&mut self) -> Vec<(u64, Record)> {
+        self.based = true;
+        std::mem::take(&mut self.unbased)
+    }
+
     /// Takes `record`, read at `offset`; `hello` is the id of this
     /// follower's own hello.
     pub fn read(&mut self, offset: u64, record: Record, hello: &str) -> Step {

@@ -3,8 +3,9 @@
 //! written: a refused command changes nothing and says why.
 
 use super::group::now_ms;
-use super::record::{Body, Registration};
+use super::record::Body;
 use super::state::GroupState;
+use super::state::Registration;
 use crate::config::Settings;
 use serde::Deserialize;
 use std::time::Duration;

@@ -11,9 +11,11 @@
 //! answer tells the truth about the state. Every instance acknowledges
 //! each command with an `applied` record, which status shows.
 
+use super::apply::Changed;
 use super::base::{Base, Step};
-use super::record::{Body, Record, Registration};
-use super::state::{Changed, GroupState};
+use super::record::{Body, Record};
+use super::state::GroupState;
+use super::state::Registration;
 use crate::backoff::Backoff;
 use crate::broker::{ControlStream, ControlStreamError, Drains, Start};
 use crate::config::Control;
@@ -23,11 +25,17 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::{oneshot, watch};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 /// How long a command's sender waits to read it back applied.
 const APPLY_WAIT: Duration = Duration::from_secs(5);
+/// How long an instance waits to write and read back its own marker
+/// before it takes the state from what the stream delivered, and how
+/// quiet the stream must have been by then.
+const HELLO_WAIT: Duration = Duration::from_secs(3);
+const QUIET: Duration = Duration::from_secs(1);
 /// How long a stopping instance tries to say it leaves.
 const LEAVE_BOUND: Duration = Duration::from_secs(2);
 /// Records read between two snapshots this instance writes.
@@ -252,13 +260,35 @@ impl Group {
             stream.follow(reader.next).await?
         };
         let hello = uuid::Uuid::new_v4().to_string();
-        self.append(hello.clone(), Body::Hello).await?;
+        // Written beside the reading: a broker that blocks publishers (a
+        // resource alarm) holds it back, and the reading must go on.
+        let written = {
+            let (group, hello) = (self.clone(), hello.clone());
+            tokio::spawn(async move { group.append(hello, Body::Hello).await.is_ok() })
+        };
+        tokio::pin!(written);
+        let (mut hello_done, mut hello_written) = (false, false);
+        let began = Instant::now();
+        let mut last_read = began;
         let result = loop {
             let lapse = self.next_lapse();
+            // Without its own marker, an instance takes the state from what
+            // the stream delivered once it went quiet.
+            let unmarked = !self.is_recovered() && !hello_written;
+            let quiet = (began + HELLO_WAIT).max(last_read + QUIET);
             let (offset, bytes) = tokio::select! {
                 () = stop.cancelled() => break Ok(()),
                 () = lapse => {
                     self.lapse();
+                    continue;
+                }
+                done = &mut written, if !hello_done => {
+                    // Not written: the state is taken once the stream is quiet.
+                    (hello_done, hello_written) = (true, matches!(done, Ok(true)));
+                    continue;
+                }
+                () = tokio::time::sleep_until(quiet), if unmarked => {
+                    self.recover_unmarked(reader);
                     continue;
                 }
                 next = follower.next() => match next {
@@ -266,6 +296,7 @@ impl Group {
                     Err(e) => break Err(e),
                 },
             };
+            last_read = Instant::now();
             reader.next = Start::Offset(offset + 1);
             let record = match serde_json::from_slice::<Record>(&bytes) {
                 Ok(record) => record,
@@ -345,6 +376,23 @@ impl Group {
             self.append(snapshot, body).await?;
         }
         Ok(())
+    }
+
+    /// The state in force without this instance's marker (it could not be
+    /// written): what the stream delivered before going quiet.
+    fn recover_unmarked(&self, reader: &mut Reader) {
+        let records = reader.base.settle();
+        self.apply_all(&records);
+        let state = self.state();
+        if let Some(settings) = &self.inner.settings {
+            self.inner.telemetry.control_recovered_unmarked(
+                &settings.stream,
+                state.paused.is_some(),
+                state.drained.len(),
+                state.registration_count(),
+            );
+        }
+        self.inner.recovered.send_replace(true);
     }
 
     /// Takes `state` as the group's, from a snapshot.

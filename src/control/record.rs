@@ -2,7 +2,7 @@
 //! message, each naming its group (instances sharing `name` and the
 //! inbound broker), the instance that wrote it, and what it says.
 
-use super::state::GroupState;
+use super::state::{GroupState, Registration};
 use serde::{Deserialize, Serialize};
 
 /// One record of the control stream.
@@ -76,45 +76,6 @@ impl Body {
         !matches!(
             self,
             Self::Hello | Self::Leave | Self::Applied { .. } | Self::Snapshot { .. }
-        )
-    }
-}
-
-/// A service instance registered into a branch.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Registration {
-    /// The registrable branch.
-    pub branch: String,
-    /// Its name: the endpoint's name in logs, metrics and lists.
-    pub name: String,
-    /// A key of `[brokers]`.
-    pub broker: String,
-    /// The exchange copies are published to (`""`: the default exchange).
-    pub exchange: String,
-    /// The routing key copies are published with.
-    pub routing_key: String,
-    /// The lease, in milliseconds.
-    pub ttl_ms: u64,
-    /// When the lease ends unless renewed, unix milliseconds.
-    pub expires_at_ms: u64,
-}
-
-impl Registration {
-    /// Whether `other` registers the same endpoint (a renewal, when only
-    /// the lease differs).
-    pub fn same_endpoint(&self, other: &Self) -> bool {
-        (
-            &self.branch,
-            &self.name,
-            &self.broker,
-            &self.exchange,
-            &self.routing_key,
-        ) == (
-            &other.branch,
-            &other.name,
-            &other.broker,
-            &other.exchange,
-            &other.routing_key,
         )
     }
 }

@@ -3,7 +3,6 @@
 //! service instances are registered into which branch until when, and
 //! which instances have applied what. Pure: records in, state out.
 
-use super::record::{Body, Record, Registration};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -31,6 +30,45 @@ pub struct Seen {
     pub applied: Option<u64>,
 }
 
+/// A service instance registered into a branch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Registration {
+    /// The registrable branch.
+    pub branch: String,
+    /// Its name: the endpoint's name in logs, metrics and lists.
+    pub name: String,
+    /// A key of `[brokers]`.
+    pub broker: String,
+    /// The exchange copies are published to (`""`: the default exchange).
+    pub exchange: String,
+    /// The routing key copies are published with.
+    pub routing_key: String,
+    /// The lease, in milliseconds.
+    pub ttl_ms: u64,
+    /// When the lease ends unless renewed, unix milliseconds.
+    pub expires_at_ms: u64,
+}
+
+impl Registration {
+    /// Whether `other` registers the same endpoint (a renewal, when only
+    /// the lease differs).
+    pub fn same_endpoint(&self, other: &Self) -> bool {
+        (
+            &self.branch,
+            &self.name,
+            &self.broker,
+            &self.exchange,
+            &self.routing_key,
+        ) == (
+            &other.branch,
+            &other.name,
+            &other.broker,
+            &other.exchange,
+            &other.routing_key,
+        )
+    }
+}
+
 /// The group's state.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GroupState {
@@ -46,77 +84,7 @@ pub struct GroupState {
     pub instances: BTreeMap<String, Seen>,
 }
 
-/// Which parts of the state a record changed.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Changed {
-    /// Paused or resumed.
-    pub paused: bool,
-    /// The set of drained endpoints.
-    pub drains: bool,
-    /// The set of registered endpoints (a renewal changes only a lease).
-    pub registrations: bool,
-}
-
-impl Changed {
-    /// Whether anything the pipeline reads changed.
-    pub fn any(self) -> bool {
-        self.paused || self.drains || self.registrations
-    }
-}
-
 impl GroupState {
-    /// Applies `record`, read at `offset`, at `now_ms`: a registration
-    /// whose lease already ended (read back while recovering) is dropped.
-    pub fn apply(&mut self, offset: u64, record: &Record, now_ms: u64) -> Changed {
-        let since = || Since {
-            by: record.instance.clone(),
-            at_ms: record.at_ms,
-        };
-        let mut changed = Changed::default();
-        if record.body.is_command() {
-            self.offset = Some(offset);
-        }
-        match &record.body {
-            Body::Hello => {
-                let seen = self.instances.entry(record.instance.clone()).or_default();
-                seen.joined_at_ms = record.at_ms;
-                seen.joined = Some(offset);
-                self.forget_oldest_instances();
-            }
-            Body::Leave => {
-                self.instances.remove(&record.instance);
-            }
-            Body::Applied { offset } => {
-                let seen = self.instances.entry(record.instance.clone()).or_default();
-                seen.applied = seen.applied.max(Some(*offset));
-            }
-            Body::Pause => {
-                changed.paused = self.paused.is_none();
-                if changed.paused {
-                    self.paused = Some(since());
-                }
-            }
-            Body::Resume => changed.paused = self.paused.take().is_some(),
-            Body::Drain { endpoint } => {
-                changed.drains = !self.drained.contains_key(endpoint);
-                if changed.drains {
-                    self.drained.insert(endpoint.clone(), since());
-                }
-            }
-            Body::Undrain { endpoint } => {
-                changed.drains = self.drained.remove(endpoint).is_some();
-            }
-            Body::Register(registration) => {
-                changed.registrations = self.register(registration, now_ms);
-            }
-            Body::Unregister { branch, name } => {
-                changed.registrations = self.remove(branch, name);
-            }
-            Body::Snapshot { .. } => {}
-        }
-        changed
-    }
-
     /// Drops every registration whose lease ended by `now_ms`; whether any did.
     pub fn lapse(&mut self, now_ms: u64) -> bool {
         let mut any = false;
@@ -161,7 +129,7 @@ impl GroupState {
     }
 
     /// Registers (or renews); whether the set of endpoints changed.
-    fn register(&mut self, registration: &Registration, now_ms: u64) -> bool {
+    pub(super) fn register(&mut self, registration: &Registration, now_ms: u64) -> bool {
         if registration.expires_at_ms <= now_ms {
             return false;
         }
@@ -186,7 +154,7 @@ impl GroupState {
         changed || previous.is_none_or(|p| !p.same_endpoint(registration))
     }
 
-    fn remove(&mut self, branch: &str, name: &str) -> bool {
+    pub(super) fn remove(&mut self, branch: &str, name: &str) -> bool {
         let Some(names) = self.registrations.get_mut(branch) else {
             return false;
         };
@@ -197,7 +165,7 @@ impl GroupState {
         removed
     }
 
-    fn forget_oldest_instances(&mut self) {
+    pub(super) fn forget_oldest_instances(&mut self) {
         while self.instances.len() > MAX_INSTANCES {
             let oldest = self
                 .instances
@@ -214,6 +182,7 @@ impl GroupState {
 
 #[cfg(test)]
 mod tests {
+    use super::super::record::{Body, Record};
     use super::*;
 
     fn record(instance: &str, at_ms: u64, body: Body) -> Record {

@@ -6,11 +6,12 @@
 use crate::amqp::{AmqpValue, FieldTable, Properties, ShortString};
 use crate::config::HttpIngress;
 use crate::envelope::Envelope;
+use crate::listen::bearer::{Bearer, bearer};
 use crate::wire;
 use http_body_util::BodyExt;
 use hyper::body::Body;
 use hyper::body::Incoming;
-use hyper::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HeaderMap, TRANSFER_ENCODING};
+use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderMap, TRANSFER_ENCODING};
 use hyper::{Method, Request, StatusCode};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -102,36 +103,14 @@ pub fn authorize(headers: &HeaderMap, tokens: &[String]) -> Result<(), Refused> 
     if tokens.is_empty() {
         return Ok(());
     }
-    let given = headers
-        .get(AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim_start().split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, token)| token.trim());
-    let Some(given) = given else {
-        return Err(Refused::new(
+    match bearer(headers, tokens) {
+        Bearer::Accepted => Ok(()),
+        Bearer::Missing => Err(Refused::new(
             StatusCode::UNAUTHORIZED,
             "missing bearer token: send Authorization: Bearer <token>",
-        ));
-    };
-    // Every token compared in full, so the time taken says nothing of which
-    // prefix matched.
-    let matched = tokens.iter().fold(false, |any, t| {
-        any | same_bytes(t.as_bytes(), given.as_bytes())
-    });
-    if matched {
-        Ok(())
-    } else {
-        Err(Refused::new(StatusCode::UNAUTHORIZED, "wrong bearer token"))
+        )),
+        Bearer::Wrong => Err(Refused::new(StatusCode::UNAUTHORIZED, "wrong bearer token")),
     }
-}
-
-fn same_bytes(a: &[u8], b: &[u8]) -> bool {
-    let mut diff = a.len() ^ b.len();
-    for (i, x) in a.iter().enumerate() {
-        diff |= usize::from(x ^ b.get(i).copied().unwrap_or(!x));
-    }
-    diff == 0
 }
 
 /// Headers over [`MAX_HEADER_BYTES`] in all are refused (431).
@@ -340,6 +319,7 @@ pub fn envelope(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hyper::header::AUTHORIZATION;
 
     #[test]
     fn the_path_names_the_routing_key() {

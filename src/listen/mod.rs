@@ -1,8 +1,9 @@
 //! The forwarder's own listeners (the admin endpoint, the HTTP ingress):
-//! accepting within a bound of connections ([`gate`]), and why one cannot
-//! listen. A leaf, so the pipeline's run error can name it without
+//! accepting within a bound of connections ([`gate`]), bearer tokens
+//! ([`bearer`]), and why one cannot listen. A leaf, so the pipeline's run error can name it without
 //! importing the ingress that uses the pipeline.
 
+pub mod bearer;
 pub mod gate;
 
 use gate::{Arrived, Gate};

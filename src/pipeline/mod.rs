@@ -394,16 +394,16 @@ pub struct Readiness {
 impl Readiness {
     /// `Ok` when ready; otherwise why not.
     pub fn check(&self) -> Result<(), NotReady> {
+        let generation = self.generation.borrow().clone();
+        let consumes = generation.settings.inbound().is_some();
+        if consumes && !self.consuming.load(Ordering::Relaxed) {
+            return Err(NotReady::NotConsuming);
+        }
         if !self.group.is_recovered() {
             return Err(NotReady::Recovering);
         }
-        let generation = self.generation.borrow().clone();
-        let consumes = generation.settings.inbound().is_some();
         if self.group.paused() {
             return Err(NotReady::Paused);
-        }
-        if consumes && !self.consuming.load(Ordering::Relaxed) {
-            return Err(NotReady::NotConsuming);
         }
         if !self.prepared.load(Ordering::Relaxed) {
             return Err(NotReady::Starting);

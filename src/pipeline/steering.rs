@@ -6,22 +6,11 @@
 
 use super::live::Live;
 use crate::broker::Publish;
-use crate::control::{Command, Refusal, SubmitError};
+use crate::control::{Command, Steer, SteerError, Steered};
 use crate::journal::record::rfc3339;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
-
-/// Why a command was not carried out.
-#[derive(Debug, thiserror::Error)]
-pub enum SteerError {
-    /// Refused: nothing written, nothing changed.
-    #[error(transparent)]
-    Refused(#[from] Refusal),
-    /// It could not be carried to the group.
-    #[error(transparent)]
-    Submit(#[from] SubmitError),
-}
 
 /// A handle to the running forwarder's group. Cheap to clone.
 #[derive(Clone)]
@@ -34,26 +23,20 @@ impl Steering {
         Self { live }
     }
 
-    /// The bearer tokens `/control` and `/registry` accept now (empty:
-    /// they answer 403), or `None` with control off.
-    pub fn tokens(&self) -> Option<Vec<String>> {
-        self.live.base().control.map(|c| c.tokens)
-    }
-
     /// Checks `command`, carries it to the group and waits until this
     /// instance applied it.
-    pub async fn command(&self, command: Command) -> Result<Value, SteerError> {
+    async fn carry_out(&self, command: Command) -> Result<Value, SteerError> {
         let group = &self.live.common.group;
         let body = command.check(&self.live.base(), &group.state())?;
         group.submit(body).await?;
         // A registration is live for the next message once this answers.
         self.live.reregister().await;
-        Ok(self.status())
+        Ok(self.status_now())
     }
 
     /// The group's state as this instance holds it, with each endpoint's
     /// state and the live generation, as `GET /control/status` answers.
-    pub fn status(&self) -> Value {
+    fn status_now(&self) -> Value {
         let group = &self.live.common.group;
         let state = group.state();
         let generation = self.live.current();
@@ -118,5 +101,19 @@ impl Steering {
             "instances": instances,
             "offset": state.offset,
         })
+    }
+}
+
+impl Steer for Steering {
+    fn tokens(&self) -> Option<Vec<String>> {
+        self.live.base().control.map(|c| c.tokens)
+    }
+
+    fn status(&self) -> Value {
+        self.status_now()
+    }
+
+    fn command(&self, command: Command) -> Steered<'_> {
+        Box::pin(self.carry_out(command))
     }
 }

@@ -93,6 +93,26 @@ impl Telemetry {
         );
     }
 
+    /// The group's state was taken from what the control stream delivered,
+    /// without this instance's own marker, which could not be written (a
+    /// broker blocking publishers, say): work may be taken now.
+    pub fn control_recovered_unmarked(
+        &self,
+        stream: &str,
+        paused: bool,
+        drained: usize,
+        registered: usize,
+    ) {
+        tracing::warn!(
+            stream,
+            paused,
+            drained,
+            registered,
+            "group state taken from the control stream without this instance's marker, which \
+             could not be written (does the broker block publishers?)"
+        );
+    }
+
     /// The control stream cannot be followed or written now; tried again
     /// after `retry`.
     pub fn control_unavailable(&self, stream: &str, error: &dyn Display, retry: Duration) {

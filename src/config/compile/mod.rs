@@ -69,9 +69,13 @@ pub fn compile(raw: &RawConfig) -> Result<Settings> {
     let inbound_broker = queue.as_ref().map(|(inbound, _)| inbound.broker.as_str());
     let journal = super::journal::compile_journal(&raw.journal, &brokers, inbound_broker)?;
     let otlp = super::journal::compile_otlp(raw.telemetry.otlp.as_ref())?;
+    let admin = super::control::Admin {
+        tokens: &raw.admin.tokens,
+        max_registrations: raw.admin.max_registrations,
+    };
     let control = super::control::compile_control(
         &raw.control,
-        &raw.admin,
+        admin,
         admin_listen,
         &brokers,
         inbound_broker,

@@ -1,0 +1,77 @@
+//! A record applied to the group's state: the one place each kind of
+//! record changes it, saying which parts changed.
+
+use super::record::{Body, Record};
+use super::state::{GroupState, Since};
+
+/// Which parts of the state a record changed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Changed {
+    /// Paused or resumed.
+    pub paused: bool,
+    /// The set of drained endpoints.
+    pub drains: bool,
+    /// The set of registered endpoints (a renewal changes only a lease).
+    pub registrations: bool,
+}
+
+impl Changed {
+    /// Whether anything the pipeline reads changed.
+    pub fn any(self) -> bool {
+        self.paused || self.drains || self.registrations
+    }
+}
+
+impl GroupState {
+    /// Applies `record`, read at `offset`, at `now_ms`: a registration
+    /// whose lease already ended (read back while recovering) is dropped.
+    pub fn apply(&mut self, offset: u64, record: &Record, now_ms: u64) -> Changed {
+        let since = || Since {
+            by: record.instance.clone(),
+            at_ms: record.at_ms,
+        };
+        let mut changed = Changed::default();
+        if record.body.is_command() {
+            self.offset = Some(offset);
+        }
+        match &record.body {
+            Body::Hello => {
+                let seen = self.instances.entry(record.instance.clone()).or_default();
+                seen.joined_at_ms = record.at_ms;
+                seen.joined = Some(offset);
+                self.forget_oldest_instances();
+            }
+            Body::Leave => {
+                self.instances.remove(&record.instance);
+            }
+            Body::Applied { offset } => {
+                let seen = self.instances.entry(record.instance.clone()).or_default();
+                seen.applied = seen.applied.max(Some(*offset));
+            }
+            Body::Pause => {
+                changed.paused = self.paused.is_none();
+                if changed.paused {
+                    self.paused = Some(since());
+                }
+            }
+            Body::Resume => changed.paused = self.paused.take().is_some(),
+            Body::Drain { endpoint } => {
+                changed.drains = !self.drained.contains_key(endpoint);
+                if changed.drains {
+                    self.drained.insert(endpoint.clone(), since());
+                }
+            }
+            Body::Undrain { endpoint } => {
+                changed.drains = self.drained.remove(endpoint).is_some();
+            }
+            Body::Register(registration) => {
+                changed.registrations = self.register(registration, now_ms);
+            }
+            Body::Unregister { branch, name } => {
+                changed.registrations = self.remove(branch, name);
+            }
+            Body::Snapshot { .. } => {}
+        }
+        changed
+    }
+}
