@@ -89,3 +89,24 @@ pub struct Endpoint {
     /// While unhealthy, how often the endpoint is probed in the background.
     pub probe_interval: Duration,
 }
+
+impl Endpoint {
+    /// An endpoint the configuration does not define (a service's
+    /// registration, the dead-letter publisher): `exchange` and
+    /// `routing_key` on `broker`, with the defaults of an `[endpoints]`
+    /// entry and no queue to declare.
+    pub fn plain(name: &str, broker: &str, exchange: &str, routing_key: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            broker: broker.to_owned(),
+            exchange: exchange.to_owned(),
+            routing_key: routing_key.to_owned(),
+            declare_queue: None,
+            declare_queue_type: QueueType::default(),
+            confirm_timeout: Duration::from_secs(5),
+            retries: 0,
+            headers: Vec::new(),
+            probe_interval: Duration::from_secs(1),
+        }
+    }
+}

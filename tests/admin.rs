@@ -16,21 +16,11 @@ use std::time::Duration;
 use support::config::{Branch, Endpoint, Filter, Forwarder};
 use support::harness::{InProcess, Process, wait_consumers};
 use support::{
-    BlackHole, DEFAULT_TIMEOUT, FaultProxy, HttpResponse, Message, Metrics, TestBroker, amqp_addr,
-    amqp_str, delete_all_with_prefix, field_table, http_get, http_request, tally, unique_prefix,
-    wait_for, wait_until,
+    BlackHole, DEFAULT_TIMEOUT, FaultProxy, HttpResponse, Message, Metrics, TestBroker,
+    admin_listener, amqp_addr, amqp_str, delete_all_with_prefix, field_table, http_get,
+    http_request, tally, unique_prefix, wait_for, wait_until,
 };
 use switchyard::Options;
-
-/// A listener on a free loopback port, for the forwarder to serve on.
-fn admin_listener() -> (std::net::TcpListener, SocketAddr) {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap_or_else(|e| panic!("bind an admin port: {e}"));
-    let addr = listener
-        .local_addr()
-        .unwrap_or_else(|e| panic!("admin addr: {e}"));
-    (listener, addr)
-}
 
 async fn get(addr: SocketAddr, path: &str) -> HttpResponse {
     http_get(addr, path)

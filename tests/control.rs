@@ -19,8 +19,8 @@ use support::control::{ControlClient, endpoint_state, json_of, registered};
 use support::harness::{InProcess, wait_consumers};
 use support::ingress::start_ingress;
 use support::{
-    DEFAULT_TIMEOUT, Metrics, TestBroker, delete_all_with_prefix, http_get, http_send, tally,
-    unique_prefix, wait_for, wait_until,
+    DEFAULT_TIMEOUT, Metrics, TestBroker, admin_listener, delete_all_with_prefix, http_get,
+    http_send, tally, unique_prefix, wait_for, wait_until,
 };
 use switchyard::Options;
 use switchyard::reload::Reload;
@@ -30,16 +30,6 @@ const TOKEN: &str = "ops-token";
 const FORWARDED: &str = "switchyard_messages_forwarded_total";
 const FAILOVERS: &str = "switchyard_failovers_total";
 const CONSUMED: &str = "switchyard_messages_consumed_total";
-
-/// A listener on a free loopback port, for the admin endpoint.
-fn admin_listener() -> (std::net::TcpListener, SocketAddr) {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap_or_else(|e| panic!("bind an admin port: {e}"));
-    let addr = listener
-        .local_addr()
-        .unwrap_or_else(|e| panic!("admin addr: {e}"));
-    (listener, addr)
-}
 
 /// `config` with the admin endpoint taking commands with [`TOKEN`].
 fn steerable(config: Forwarder) -> Forwarder {
@@ -104,6 +94,20 @@ fn exactly_once(got: &std::collections::BTreeMap<String, usize>, expected: &[Str
         twice.first(),
         extra.len()
     );
+}
+
+/// Publishes `bodies` to `<p>.in` and waits until the forwarder at
+/// `admin` holds them as in an outage (`switchyard_outage_holds`).
+async fn publish_held(broker: &TestBroker, p: &str, bodies: &[String], admin: SocketAddr) {
+    broker
+        .publish_many("", &format!("{p}.in"), bodies.iter(), Default::default())
+        .await;
+    wait_until(
+        "the messages held as in an outage",
+        DEFAULT_TIMEOUT,
+        || async { metrics(admin).await.value("switchyard_outage_holds", &[]) > 0.0 },
+    )
+    .await;
 }
 
 async fn lens(broker: &TestBroker, queues: &[&str]) -> u32 {
@@ -300,20 +304,7 @@ async fn draining_the_only_endpoint_of_a_list_holds_its_messages_until_undrained
     let service = format!("{p}.service");
     control.drain("service").await;
     let held = bodies("h", 0..20);
-    broker
-        .publish_many("", &format!("{p}.in"), held.iter(), Default::default())
-        .await;
-    wait_until(
-        "the messages are held as in an outage",
-        DEFAULT_TIMEOUT,
-        || async {
-            metrics(control.addr)
-                .await
-                .value("switchyard_outage_holds", &[])
-                > 0.0
-        },
-    )
-    .await;
+    publish_held(&broker, &p, &held, control.addr).await;
     assert_eq!(
         broker.queue_len(&service).await,
         0,
@@ -371,20 +362,7 @@ async fn services_register_into_a_round_robin_branch_lapse_and_leave() {
 
     // No endpoint yet: held, never dead-lettered.
     let early = bodies("r", 0..100);
-    broker
-        .publish_many("", &format!("{p}.in"), early.iter(), Default::default())
-        .await;
-    wait_until(
-        "held until a service registers",
-        DEFAULT_TIMEOUT,
-        || async {
-            metrics(control.addr)
-                .await
-                .value("switchyard_outage_holds", &[])
-                > 0.0
-        },
-    )
-    .await;
+    publish_held(&broker, &p, &early, control.addr).await;
     assert_eq!(lens(&broker, &instances).await, 0);
     assert_eq!(broker.queue_len(&format!("{p}.dlq")).await, 0);
 

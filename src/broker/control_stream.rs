@@ -6,20 +6,22 @@
 use super::closing::close_channel;
 use super::connector::{ConnectError, Connector, Role};
 use super::error::{BrokerError, Unfinished, bounded};
+use super::journal_reader::stream_offset;
+use super::stream_append::{Appended, append};
 use super::topology::{TopologyError, declare_control_stream};
 use crate::amqp::{AmqpValue, FieldTable, Properties};
 use crate::config::Control;
 use crate::telemetry::Telemetry;
 use futures_util::StreamExt;
-use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions};
-use lapin::{Channel, Confirmation, Consumer};
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::{Channel, Consumer};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::task::TaskTracker;
 
 /// How long an append may wait for its confirm, and a channel to open.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
-/// The header RabbitMQ puts on every message it delivers from a stream.
+/// Where a stream consumer starts.
 const OFFSET_HEADER: &str = "x-stream-offset";
 /// Records the follower takes before it acknowledges (stream credit).
 const PREFETCH: u16 = 200;
@@ -126,28 +128,18 @@ impl ControlStream {
         let properties = Properties::default()
             .with_content_type("application/json".into())
             .with_delivery_mode(2);
-        let options = BasicPublishOptions {
-            mandatory: true,
-            immediate: false,
-        };
         let stream = self.settings.stream.as_str();
-        let publish = async {
-            channel
-                .basic_publish("".into(), stream.into(), options, body, properties)
-                .await?
-                .await
-        };
-        let failed = match tokio::time::timeout(WRITE_TIMEOUT, publish).await {
-            Ok(Ok(Confirmation::Ack(None) | Confirmation::NotRequested)) => return Ok(()),
-            Ok(Ok(Confirmation::Ack(Some(r)) | Confirmation::Nack(Some(r)))) => {
-                ControlStreamError::Refused(format!("returned: {} {}", r.reply_code, r.reply_text))
+        let failed = match append(&channel, stream, body, properties, WRITE_TIMEOUT).await {
+            Appended::Confirmed => return Ok(()),
+            Appended::Returned(code, text) => {
+                ControlStreamError::Refused(format!("returned: {code} {text}"))
             }
-            Ok(Ok(Confirmation::Nack(None))) => ControlStreamError::Refused("nacked".to_owned()),
-            Ok(Err(e)) => ControlStreamError::Broker {
+            Appended::Nacked => ControlStreamError::Refused("nacked".to_owned()),
+            Appended::Failed(error) => ControlStreamError::Broker {
                 what: "appending a record",
-                error: BrokerError::from_lapin(&e),
+                error,
             },
-            Err(_) => ControlStreamError::Timeout("appending a record"),
+            Appended::TimedOut => ControlStreamError::Timeout("appending a record"),
         };
         if let Some(channel) = self.writer.take() {
             close_channel(
@@ -232,22 +224,12 @@ impl StreamFollower {
             .await?;
             self.unacked = 0;
         }
-        let offset = offset(&delivery.properties).unwrap_or(0);
+        let offset = stream_offset(&delivery.properties).unwrap_or(0);
         Ok((offset, delivery.data))
     }
 
     /// Ends the consumer and its channel.
     pub async fn close(self) {
         close_channel(&self.channel, "", &self.telemetry).await;
-    }
-}
-
-/// The stream offset RabbitMQ put on a delivery.
-fn offset(properties: &Properties) -> Option<u64> {
-    match properties.headers().as_ref()?.inner().get(OFFSET_HEADER)? {
-        AmqpValue::LongLongInt(n) => u64::try_from(*n).ok(),
-        AmqpValue::LongInt(n) => u64::try_from(*n).ok(),
-        AmqpValue::LongUInt(n) => Some(u64::from(*n)),
-        _ => None,
     }
 }

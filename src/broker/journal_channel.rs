@@ -5,11 +5,11 @@
 use super::closing::close_channel;
 use super::connector::{ConnectError, Connector};
 use super::error::BrokerError;
+use super::stream_append::{Appended, append};
 use super::topology::{TopologyError, declare_journal_stream};
 use crate::amqp::{AmqpValue, FieldTable, Properties};
 use crate::config::Journal;
-use lapin::options::BasicPublishOptions;
-use lapin::{Channel, Confirmation};
+use lapin::Channel;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -100,28 +100,13 @@ impl JournalChannel {
             .with_timestamp(now)
             .with_delivery_mode(2)
             .with_headers(headers);
-        let options = BasicPublishOptions {
-            mandatory: true,
-            immediate: false,
-        };
         let stream = self.settings.stream.as_str();
-        let publish = async {
-            channel
-                .basic_publish("".into(), stream.into(), options, body, properties)
-                .await?
-                .await
-        };
-        let failed = match tokio::time::timeout(WRITE_TIMEOUT, publish).await {
-            Ok(Ok(Confirmation::Ack(None) | Confirmation::NotRequested)) => return Ok(()),
-            Ok(Ok(Confirmation::Ack(Some(r)) | Confirmation::Nack(Some(r)))) => {
-                JournalWriteError::Returned {
-                    code: r.reply_code,
-                    text: r.reply_text.to_string(),
-                }
-            }
-            Ok(Ok(Confirmation::Nack(None))) => JournalWriteError::Nacked,
-            Ok(Err(e)) => JournalWriteError::Broker(BrokerError::from_lapin(&e)),
-            Err(_) => JournalWriteError::Timeout,
+        let failed = match append(&channel, stream, body, properties, WRITE_TIMEOUT).await {
+            Appended::Confirmed => return Ok(()),
+            Appended::Returned(code, text) => JournalWriteError::Returned { code, text },
+            Appended::Nacked => JournalWriteError::Nacked,
+            Appended::Failed(e) => JournalWriteError::Broker(e),
+            Appended::TimedOut => JournalWriteError::Timeout,
         };
         // A fresh channel (and declaration) for the next try.
         if let Some(channel) = self.channel.take() {

@@ -121,7 +121,7 @@ impl JournalReader {
         let mut consumer = self.consume(&channel, tag, 1, at).await?;
         let first = tokio::time::timeout(TAIL_WAIT, consumer.next()).await;
         let mut tail = match first {
-            Ok(Some(Ok(delivery))) => offset(&delivery.properties),
+            Ok(Some(Ok(delivery))) => stream_offset(&delivery.properties),
             Ok(Some(Err(e))) => return Err(broker("reading the stream's tail", &e)),
             Ok(None) => return Err(JournalReadError::Cancelled),
             Err(_) => None,
@@ -135,7 +135,7 @@ impl JournalReader {
         .await?;
         let drain = async {
             while let Some(Ok(delivery)) = consumer.next().await {
-                tail = tail.max(offset(&delivery.properties));
+                tail = tail.max(stream_offset(&delivery.properties));
             }
         };
         if tokio::time::timeout(OPERATION_BOUND, drain).await.is_err() {
@@ -232,7 +232,7 @@ impl Follower {
         }
         let properties = &delivery.properties;
         Ok(Some(Batch {
-            offset: offset(properties).unwrap_or(0),
+            offset: stream_offset(properties).unwrap_or(0),
             timestamp: *properties.timestamp(),
             records: records(properties),
             body: delivery.data,
@@ -246,7 +246,7 @@ impl Follower {
 }
 
 /// The stream offset RabbitMQ put on a delivery.
-fn offset(properties: &Properties) -> Option<u64> {
+pub(super) fn stream_offset(properties: &Properties) -> Option<u64> {
     integer(properties, OFFSET_HEADER)
 }
 

@@ -37,6 +37,7 @@ mod journal_channel;
 mod journal_reader;
 mod publisher;
 mod registry;
+mod stream_append;
 mod tls;
 mod topology;
 mod unreadable;

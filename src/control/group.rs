@@ -554,18 +554,12 @@ impl Default for Reader {
 
 /// The endpoint a registration publishes to.
 pub fn endpoint_of(r: &Registration) -> Arc<Endpoint> {
-    Arc::new(Endpoint {
-        name: r.name.clone(),
-        broker: r.broker.clone(),
-        exchange: r.exchange.clone(),
-        routing_key: r.routing_key.clone(),
-        declare_queue: None,
-        confirm_timeout: Duration::from_secs(5),
-        retries: 0,
-        headers: Vec::new(),
-        declare_queue_type: Default::default(),
-        probe_interval: Duration::from_secs(1),
-    })
+    Arc::new(Endpoint::plain(
+        &r.name,
+        &r.broker,
+        &r.exchange,
+        &r.routing_key,
+    ))
 }
 
 /// This process's name in its group: its host and process id.

@@ -23,7 +23,6 @@ use crate::destination::{DeadLetterMode, Endpoint};
 use crate::telemetry::Telemetry;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -339,18 +338,12 @@ impl Parts<'_> {
             .settings
             .queue()
             .filter(|(_, dl)| dl.mode == DeadLetterMode::Republish)?;
-        let endpoint = Arc::new(Endpoint {
-            name: DEAD_LETTER_ENDPOINT.to_owned(),
-            broker: inbound.broker.clone(),
-            exchange: dl.exchange.clone(),
-            routing_key: dl.routing_key.clone(),
-            declare_queue: None,
-            confirm_timeout: Duration::from_secs(5),
-            retries: 0,
-            headers: Vec::new(),
-            declare_queue_type: Default::default(),
-            probe_interval: Duration::from_secs(1),
-        });
+        let endpoint = Arc::new(Endpoint::plain(
+            DEAD_LETTER_ENDPOINT,
+            &inbound.broker,
+            &dl.exchange,
+            &dl.routing_key,
+        ));
         let old = self.previous.and_then(|p| p.dead_letters.as_ref());
         self.publisher(&endpoint, old, connectors)
     }

@@ -77,6 +77,17 @@ pub async fn http_send(
     })
 }
 
+/// A listener on a free loopback port, for the forwarder's admin endpoint
+/// to serve on (`Options::admin`), and its address.
+pub fn admin_listener() -> (std::net::TcpListener, SocketAddr) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap_or_else(|e| panic!("bind an admin port: {e}"));
+    let addr = listener
+        .local_addr()
+        .unwrap_or_else(|e| panic!("admin addr: {e}"));
+    (listener, addr)
+}
+
 /// A loopback address nothing listens on, for an admin endpoint.
 pub fn free_admin_addr() -> SocketAddr {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")
