@@ -189,12 +189,14 @@ impl Forwarder {
     pub async fn run(mut self, shutdown: CancellationToken) -> Result<(), RunError> {
         let common = &self.live.common;
         common.recorder.start(&common.background);
+        let first = self.live.current();
+        self.prepare(&first, &shutdown).await?;
+        // Followed once the brokers took the topology (a refusal with
+        // fail-fast ends the run before this connects).
         common
             .group
             .start(&common.background, common.publishers_stop.clone());
         self.follow_registrations();
-        let first = self.live.current();
-        self.prepare(&first, &shutdown).await?;
         // The group's pause, drains and registrations hold before any work is taken.
         tokio::select! {
             () = shutdown.cancelled() => {}
@@ -394,6 +396,9 @@ pub struct Readiness {
 impl Readiness {
     /// `Ok` when ready; otherwise why not.
     pub fn check(&self) -> Result<(), NotReady> {
+        if self.group.paused() {
+            return Err(NotReady::Paused);
+        }
         let generation = self.generation.borrow().clone();
         let consumes = generation.settings.inbound().is_some();
         if consumes && !self.consuming.load(Ordering::Relaxed) {
@@ -401,9 +406,6 @@ impl Readiness {
         }
         if !self.group.is_recovered() {
             return Err(NotReady::Recovering);
-        }
-        if self.group.paused() {
-            return Err(NotReady::Paused);
         }
         if !self.prepared.load(Ordering::Relaxed) {
             return Err(NotReady::Starting);
