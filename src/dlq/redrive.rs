@@ -181,6 +181,9 @@ impl Pass<'_> {
                 .map_err(Stop::Output);
         }
         let properties = redrive_properties(message, &only, self.user.as_deref(), trust);
+        // The redrive's moment is the publish: the forwarder may take the
+        // copy, and record its forward, before the confirm and the ack here.
+        let at = SystemTime::now();
         match reader
             .republish(self.inbound, properties, &message.body)
             .await
@@ -213,7 +216,7 @@ impl Pass<'_> {
             });
         }
         self.done.redriven += 1;
-        self.journal.settled(redriven(message, record, &only));
+        self.journal.settled(redriven(message, record, &only, at));
         Ok(())
     }
 
@@ -241,9 +244,10 @@ impl Pass<'_> {
 }
 
 /// The journal's entry of a dead letter put back on the inbound queue for
-/// the branches `only` names (every branch when empty).
-fn redriven(message: &Envelope, record: &Record, only: &[String]) -> Entry {
-    let now = SystemTime::now();
+/// the branches `only` names (every branch when empty), `at` the moment
+/// it was republished.
+fn redriven(message: &Envelope, record: &Record, only: &[String], at: SystemTime) -> Entry {
+    let now = at;
     Entry {
         message_id: record.message_id.clone(),
         content: record.message_id.is_none().then(|| message.content_uuid()),
