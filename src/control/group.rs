@@ -232,9 +232,12 @@ impl Group {
             };
             if let Err(error) = result {
                 let delay = backoff.next_delay();
-                self.inner
-                    .telemetry
-                    .control_unavailable(&settings.stream, &error, delay);
+                let telemetry = &self.inner.telemetry;
+                if error.is_refusal() {
+                    telemetry.control_refused(&settings.stream, &error, delay);
+                } else {
+                    telemetry.control_unavailable(&settings.stream, &error, delay);
+                }
                 tokio::select! {
                     () = stop.cancelled() => return,
                     () = tokio::time::sleep(delay) => {}

@@ -124,6 +124,20 @@ impl Telemetry {
         );
     }
 
+    /// The broker refuses the control stream itself (a permission, a
+    /// queue of another type by its name): no work is taken until it is
+    /// fixed, as the group's state cannot be known.
+    pub fn control_refused(&self, stream: &str, error: &dyn Display, retry: Duration) {
+        tracing::error!(
+            stream,
+            %error,
+            retry_ms = retry.as_millis() as u64,
+            "the broker refuses the control stream: grant the forwarder's user configure, write \
+             and read on it, name another with control.stream, or set [control] enabled = \
+             false; no work is taken until the group's state can be read"
+        );
+    }
+
     /// A record of the control stream could not be read: skipped.
     pub fn control_record_unreadable(&self, offset: u64, error: &dyn Display) {
         tracing::warn!(offset, %error, "control stream record unreadable; skipped");
