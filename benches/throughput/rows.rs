@@ -410,7 +410,8 @@ async fn declare_forwarder_inbound(ctx: &Ctx, broker: &TestBroker, p: &str) {
 /// `[journal]` is the shipped default (on) but for its stream, `<p>.journal`,
 /// removed with the run's queues; F2N turns it off, F2T adds
 /// `[telemetry.otlp]` at its default `sample_ratio` (1.0) to the run's
-/// receiver.
+/// receiver. `[control]` follows the stream `<p>.control`, but under
+/// `--against` (the shipped default, `switchyard.control`).
 pub fn forwarder_toml(ctx: &Ctx, p: &str, row: Row) -> String {
     let forwarder = Forwarder::at(&ctx.target.url, p)
         .mode("nack")
@@ -429,6 +430,12 @@ pub fn forwarder_toml(ctx: &Ctx, p: &str, row: Row) -> String {
         forwarder.quorum()
     } else {
         forwarder
+    };
+    // A build from before `[control]` refuses the table: both builds then
+    // run on the same file, this one following the default stream.
+    let forwarder = match ctx.against {
+        Some(_) => forwarder.default_control(),
+        None => forwarder,
     };
     forwarder.toml()
 }

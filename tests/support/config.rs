@@ -420,6 +420,14 @@ impl Forwarder {
         self
     }
 
+    /// No `[control]` table: the shipped default (the stream
+    /// `switchyard.control`), in a file a build from before `[control]`
+    /// reads too.
+    pub fn default_control(mut self) -> Self {
+        self.control = None;
+        self
+    }
+
     /// `[telemetry.otlp]` exporting to `endpoint`.
     pub fn otlp(mut self, endpoint: &str) -> Self {
         let mut table = Keys::default();
