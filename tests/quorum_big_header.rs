@@ -172,6 +172,13 @@ async fn run_case(node: &PrivateNode, case: Case) -> Result<String, String> {
     second.wait_exit(Duration::from_secs(30)).await;
     let log = second.log();
     let inspected = dlq_inspect(&p, &toml, &[]).await;
+    // `dlq inspect` hands what it read back as its connection closes; a
+    // busy broker may not have put it back yet when the drain looks.
+    let dlq = format!("{p}.dlq");
+    let deadline = Instant::now() + SETTLE_WAIT;
+    while Instant::now() < deadline && ready(&mut raw, &dlq).await == 0 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let mut found = Vec::new();
     for suffix in QUEUES {
         let messages = raw
