@@ -17,12 +17,12 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::time::Duration;
 use support::config::{Branch, Endpoint, Filter, Forwarder};
-use support::control::{ControlClient, endpoint_state, json_of, registered};
+use support::control::{ControlClient, endpoint_state, registered};
 use support::harness::{Process, wait_consumers};
 use support::rabbitmqctl::ready_unacked;
 use support::{
     DEFAULT_TIMEOUT, HttpResponse, Metrics, TestBroker, delete_all_with_prefix, free_admin_addr,
-    http_get, http_send, tally, unique_prefix, wait_for, wait_until,
+    http_get, tally, unique_prefix, wait_for, wait_until,
 };
 
 const TOKEN: &str = "T";
@@ -59,21 +59,7 @@ impl Instance {
     /// Its status once its admin endpoint answers and it has recovered
     /// the group's state.
     async fn recovered(&self) -> Value {
-        let auth = format!("Bearer {TOKEN}");
-        let headers = [("Authorization", auth.as_str())];
-        wait_for(
-            "the instance answers its status, recovered",
-            DEFAULT_TIMEOUT,
-            || async {
-                let response =
-                    http_send(self.control.addr, "GET", "/control/status", &headers, b"")
-                        .await
-                        .ok()?;
-                let status = (response.status == 200).then(|| json_of(&response))?;
-                (status["recovered"] == true).then_some(status)
-            },
-        )
-        .await
+        self.control.recovered().await
     }
 
     async fn get(&self, path: &str) -> HttpResponse {

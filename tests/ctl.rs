@@ -19,11 +19,11 @@ use serde_json::Value;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use support::config::{Branch, Forwarder};
-use support::control::{ControlClient, endpoint_state, json_of, registered};
+use support::control::{ControlClient, endpoint_state, registered};
 use support::harness::{Process, clean_command, wait_consumers};
 use support::{
-    DEFAULT_TIMEOUT, TestBroker, delete_all_with_prefix, free_admin_addr, http_send, tally,
-    unique_prefix, wait_for,
+    DEFAULT_TIMEOUT, TestBroker, delete_all_with_prefix, free_admin_addr, tally, unique_prefix,
+    wait_for,
 };
 
 /// What one run of `switchyard ctl` left.
@@ -116,19 +116,7 @@ impl Instance {
             control: ControlClient::new(addr, token),
             config,
         };
-        let auth = format!("Bearer {token}");
-        let headers = [("Authorization", auth.as_str())];
-        wait_for(
-            "the instance answers its status, recovered",
-            DEFAULT_TIMEOUT,
-            || async {
-                let r = http_send(addr, "GET", "/control/status", &headers, b"")
-                    .await
-                    .ok()?;
-                (r.status == 200 && json_of(&r)["recovered"] == true).then_some(())
-            },
-        )
-        .await;
+        instance.control.recovered().await;
         instance
     }
 

@@ -6,14 +6,14 @@
 use super::closing::close_channel;
 use super::connector::{ConnectError, Connector, Role};
 use super::error::{BrokerError, Unfinished, bounded};
-use super::journal_reader::stream_offset;
+use super::journal_reader::{grant_credit, stream_offset};
 use super::stream_append::{Appended, append};
 use super::topology::{TopologyError, declare_control_stream};
 use crate::amqp::{AmqpValue, FieldTable, Properties};
 use crate::config::Control;
 use crate::telemetry::Telemetry;
 use futures_util::StreamExt;
-use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::options::{BasicConsumeOptions, BasicQosOptions};
 use lapin::{Channel, Consumer};
 use std::sync::Arc;
 use std::time::Duration;
@@ -213,17 +213,8 @@ impl StreamFollower {
             }
             Some(Ok(delivery)) => delivery,
         };
-        self.unacked += 1;
-        if self.unacked >= PREFETCH / 2 {
-            // On a stream an ack only grants credit for the next records.
-            let ack = BasicAckOptions { multiple: true };
-            bounded(
-                "acknowledging",
-                self.channel.basic_ack(delivery.delivery_tag, ack),
-            )
-            .await?;
-            self.unacked = 0;
-        }
+        let tag = delivery.delivery_tag;
+        grant_credit(&self.channel, tag, &mut self.unacked, PREFETCH / 2).await?;
         let offset = stream_offset(&delivery.properties).unwrap_or(0);
         Ok((offset, delivery.data))
     }

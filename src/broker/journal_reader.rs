@@ -219,17 +219,13 @@ impl Follower {
             Ok(Some(Err(e))) => return Err(broker("reading the stream", &e)),
             Ok(Some(Ok(delivery))) => delivery,
         };
-        self.unacked += 1;
-        if self.unacked >= self.ack_every {
-            // On a stream an ack only grants credit for the next messages.
-            let ack = BasicAckOptions { multiple: true };
-            bounded(
-                "acknowledging",
-                self.channel.basic_ack(delivery.delivery_tag, ack),
-            )
-            .await?;
-            self.unacked = 0;
-        }
+        grant_credit(
+            &self.channel,
+            delivery.delivery_tag,
+            &mut self.unacked,
+            self.ack_every,
+        )
+        .await?;
         let properties = &delivery.properties;
         Ok(Some(Batch {
             offset: stream_offset(properties).unwrap_or(0),
@@ -243,6 +239,23 @@ impl Follower {
     pub async fn close(self) {
         close_channel(&self.channel, "", &self.telemetry).await;
     }
+}
+
+/// Counts one delivery taken from a stream and, every `every`, acks up to
+/// `tag`: on a stream an ack only grants credit for the next messages.
+pub(super) async fn grant_credit(
+    channel: &Channel,
+    tag: u64,
+    unacked: &mut u16,
+    every: u16,
+) -> Result<(), Unfinished> {
+    *unacked += 1;
+    if *unacked >= every {
+        let ack = BasicAckOptions { multiple: true };
+        bounded("acknowledging", channel.basic_ack(tag, ack)).await?;
+        *unacked = 0;
+    }
+    Ok(())
 }
 
 /// The stream offset RabbitMQ put on a delivery.

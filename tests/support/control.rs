@@ -77,6 +77,25 @@ impl ControlClient {
             .await
     }
 
+    /// Its status once the admin endpoint answers (a process may still be
+    /// starting) and the instance has recovered the group's state.
+    pub async fn recovered(&self) -> Value {
+        let auth = format!("Bearer {}", self.token);
+        let headers = [("Authorization", auth.as_str())];
+        wait_for(
+            "the instance answers its status, recovered",
+            DEFAULT_TIMEOUT,
+            || async {
+                let response = http_send(self.addr, "GET", "/control/status", &headers, b"")
+                    .await
+                    .ok()?;
+                let status = (response.status == 200).then(|| json_of(&response))?;
+                (status["recovered"] == true).then_some(status)
+            },
+        )
+        .await
+    }
+
     /// Waits until the status satisfies `cond`; returns it.
     pub async fn status_until(&self, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
         wait_for(what, DEFAULT_TIMEOUT, || async {
