@@ -38,7 +38,7 @@ use std::time::Duration;
 use lapin::options::{BasicGetOptions, BasicNackOptions};
 use lapin::types::AMQPValue;
 use support::config::Forwarder;
-use support::harness::{Process, clean_command};
+use support::harness::{Process, clean_command, log_tail};
 use support::raw::{RawClient, RawConfirm, RawMessage, RawProperties, encode};
 use support::{PrivateNode, TestBroker, field_table, unique_prefix, wait_until};
 use tokio::time::Instant;
@@ -127,7 +127,7 @@ async fn run_case(node: &PrivateNode, case: Case) -> Result<String, String> {
         None
     };
     let addr = node.amqp_addr();
-    let first = Process::spawn(&p, &toml);
+    let mut first = Process::spawn(&p, &toml);
     wait_until("the first forwarder consumes", SETTLE_WAIT, || {
         let inbound = inbound.clone();
         async move { counts(addr, &inbound).await == Some((0, 1)) }
@@ -150,7 +150,8 @@ async fn run_case(node: &PrivateNode, case: Case) -> Result<String, String> {
         async move { counts(addr, &inbound).await == Some((0, 1)) }
     })
     .await;
-    drop(first);
+    first.signal("KILL");
+    first.wait_exit(SETTLE_WAIT).await;
     let mut second = Process::spawn(&p, &toml);
     let deadline = Instant::now() + SETTLE_WAIT;
     let mut settled = false;
@@ -196,9 +197,45 @@ async fn run_case(node: &PrivateNode, case: Case) -> Result<String, String> {
     if let Some(name) = policy {
         node.clear_policy(&name).await;
     }
-    let report = check(case, &found, state, (&first_log, &log))?;
-    let inspect = check_inspect(case, &inspected, at_the_limit.as_ref())?;
-    Ok(format!("{report}; {inspect}"))
+    let checked = check(case, &found, state, (&first_log, &log)).and_then(|report| {
+        let inspect = check_inspect(case, &inspected, at_the_limit.as_ref())?;
+        Ok(format!("{report}; {inspect}"))
+    });
+    checked.map_err(|report| {
+        // Both forwarders' logs stay for a failed case, and the second's
+        // tail says what it did.
+        first.keep_files();
+        second.keep_files();
+        format!(
+            "{report}; copies by publish id: {}; the restarted forwarder's log (kept as {}) \
+             ends:\n{}",
+            publish_ids(&found),
+            second.log_path().display(),
+            log_tail(&log, 40)
+        )
+    })
+}
+
+/// Each copy on the service and logging queues as `message_id@publish-id`,
+/// so a duplicate says whether it was published twice or once and
+/// delivered twice.
+fn publish_ids(found: &[(&str, Vec<RawMessage>)]) -> String {
+    let mut copies = Vec::new();
+    for (suffix, messages) in found
+        .iter()
+        .filter(|(s, _)| matches!(*s, "service" | "logging"))
+    {
+        for message in messages {
+            // A long-long-int: `l` and 8 bytes, big-endian.
+            let id = message
+                .header_value("x-switchyard-publish-id")
+                .and_then(|v| <[u8; 8]>::try_from(v.get(1..9)?).ok())
+                .map_or_else(|| "?".to_string(), |b| i64::from_be_bytes(b).to_string());
+            let name = message.message_id.as_deref().unwrap_or("?");
+            copies.push(format!("{suffix}:{name}@{id}"));
+        }
+    }
+    copies.join(" ")
 }
 
 /// What `dlq inspect` said, how long it took, and whether it succeeded.

@@ -393,6 +393,11 @@ impl Process {
         self.keep = true;
     }
 
+    /// Where its log is written.
+    pub fn log_path(&self) -> &std::path::Path {
+        &self.log_path
+    }
+
     /// Sends `signal` (e.g. "KILL", "TERM") to the process.
     pub fn signal(&self, signal: &str) {
         let status = Command::new("kill")
