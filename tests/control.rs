@@ -4,11 +4,14 @@
 //! backup and back without a failover, and a drained last endpoint holds;
 //! services register into a round-robin branch, leave, lapse and come,
 //! every message reaching exactly one instance; a reload keeps all of it;
+//! a pause longer than the sessions' idle timeout ends no session;
 //! bad requests change nothing and say why; a flood of control requests
 //! never stops forwarding. Every message is counted by body.
 
 use crate::support;
 
+use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,6 +21,7 @@ use support::config::{Branch, Endpoint, Filter, Forwarder};
 use support::control::{ControlClient, endpoint_state, json_of, registered};
 use support::harness::{InProcess, wait_consumers};
 use support::ingress::start_ingress;
+use support::sessions::{END, ID, SEQ, by_session, publish_to, seqs, whole};
 use support::{
     DEFAULT_TIMEOUT, Metrics, TestBroker, admin_listener, delete_all_with_prefix, http_get,
     http_send, tally, unique_prefix, wait_for, wait_until,
@@ -764,6 +768,83 @@ async fn a_flood_of_status_requests_and_renewals_never_stops_forwarding() {
     );
     exactly_once(&support::tally_queues(&broker, &[w1]).await, &all, "w1");
     running.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    delete_all_with_prefix(&p).await;
+}
+
+/// A pause three times longer than `sessions.idle_timeout_ms` does not time
+/// out a session it interrupts: the session's clock stops while paused, and
+/// once resumed it completes whole and in order on both branches.
+#[tokio::test]
+async fn a_pause_longer_than_the_idle_timeout_keeps_an_open_session() {
+    let p = unique_prefix("ctlsession");
+    let broker = TestBroker::connect(&p).await;
+    let config = steerable(Forwarder::new(&p).seed(&p)).sessions(&[
+        ("max_open", 4u32.into()),
+        ("idle_timeout_ms", 2000u32.into()),
+    ]);
+    let (running, control) = start(&config, &broker, &p).await;
+    let (inbound, service, logging, dlq) = (
+        format!("{p}.in"),
+        format!("{p}.service"),
+        format!("{p}.logging"),
+        format!("{p}.dlq"),
+    );
+    let message = |seq: u32, end: bool| {
+        let mut headers = FieldTable::default();
+        headers.insert(ID.into(), AMQPValue::LongString("s1".into()));
+        headers.insert(SEQ.into(), AMQPValue::LongInt(seq as i32));
+        if end {
+            headers.insert(END.into(), AMQPValue::Boolean(true));
+        }
+        let props = BasicProperties::default()
+            .with_message_id(format!("s1/{seq}").into())
+            .with_headers(headers);
+        (format!("s1:{seq}").into_bytes(), props)
+    };
+    publish_to(
+        &broker,
+        "",
+        &inbound,
+        &[message(0, false), message(1, false)],
+    )
+    .await;
+    broker.await_count(&logging, 2, DEFAULT_TIMEOUT).await;
+    let status = control.pause().await;
+    assert_eq!(status["paused"], true, "{status}");
+    publish_to(
+        &broker,
+        "",
+        &inbound,
+        &[message(2, false), message(3, true)],
+    )
+    .await;
+    // Held three idle timeouts: unpaused, the session would have ended
+    // `session-timeout` after the first.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(
+        broker.queue_len(&dlq).await,
+        0,
+        "nothing timed out while paused"
+    );
+    assert_eq!(
+        broker.queue_len(&logging).await,
+        2,
+        "nothing forwarded while paused"
+    );
+
+    let status = control.resume().await;
+    assert_eq!(status["paused"], false, "{status}");
+    broker.await_count(&logging, 4, DEFAULT_TIMEOUT).await;
+    broker.await_count(&service, 4, DEFAULT_TIMEOUT).await;
+    running.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    for queue in [&service, &logging] {
+        let got = broker.get_all(queue).await;
+        let sets = by_session(&got);
+        assert_eq!(sets.len(), 1, "{queue}: one session");
+        assert_eq!(seqs(&sets["s1"]), whole(4), "{queue}: whole and in order");
+    }
+    assert_eq!(broker.queue_len(&dlq).await, 0, "nothing dead-lettered");
+    assert_eq!(broker.queue_len(&inbound).await, 0, "every message acked");
     delete_all_with_prefix(&p).await;
 }
 

@@ -137,6 +137,13 @@ impl Group {
         self.inner.paused.subscribe()
     }
 
+    /// Pauses or resumes this view alone, as a command read back would,
+    /// for unit tests without a stream.
+    #[cfg(test)]
+    pub fn set_paused(&self, paused: bool) {
+        self.inner.paused.send_replace(paused);
+    }
+
     /// Returns once the group is not paused.
     pub async fn until_resumed(&self) {
         let _ = self.inner.paused.subscribe().wait_for(|p| !p).await;

@@ -51,6 +51,8 @@ pub struct Generation {
     pub(super) blocking: Vec<watch::Receiver<Blocking>>,
     /// Where settled messages are recorded (the forwarder's one recorder).
     pub(crate) recorder: Recorder,
+    /// The group's pause, which stops open sessions' idle clocks.
+    pub(super) group: Group,
 }
 
 /// What every generation of one forwarder shares.
@@ -182,6 +184,7 @@ impl Generation {
             screen,
             blocking,
             recorder: common.recorder.clone(),
+            group: common.group.clone(),
         }
     }
 

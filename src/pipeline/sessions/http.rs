@@ -132,7 +132,8 @@ async fn run(mut session: Session<Request>, route: Route) {
     let mut progress = Progress::new(config);
     let closing = loop {
         let idle = progress.idle_timeout();
-        let request = match next(&mut session.items, idle, &session.stop).await {
+        let paused = generation.group.pause_changes();
+        let request = match next(&mut session.items, idle, paused, &session.stop).await {
             Next::Stopped => break Closing::Abandoned,
             Next::Idle(_) => break Closing::Closed,
             Next::Item(request) => request,

@@ -2,7 +2,8 @@
 //! against `max_messages` and `max_bytes`, whether one of them ends it, its
 //! branches (chosen by its first message, each a [`BranchRun`] that keeps
 //! its endpoint and replays the set on failover), and its next item within
-//! `idle_timeout_ms` (one timer, in its task, for both sources).
+//! `idle_timeout_ms` (one timer, in its task, for both sources, stopped
+//! while the group is paused).
 
 use super::membership::is_end;
 use crate::config;
@@ -15,7 +16,7 @@ use crate::routing::BranchPlan;
 use futures_util::future::join_all;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 /// What came for a session.
@@ -28,19 +29,37 @@ pub(crate) enum Next<T> {
 }
 
 /// The next of `items` within `idle`, unless `stop` is cancelled first.
+/// The clock stops while the group is paused (`paused`): nothing is taken
+/// for a session then, and once resumed it has its whole `idle` again.
 pub(crate) async fn next<T>(
     items: &mut mpsc::UnboundedReceiver<T>,
     idle: Duration,
+    mut paused: watch::Receiver<bool>,
     stop: &CancellationToken,
 ) -> Next<T> {
-    tokio::select! {
-        biased;
-        () = stop.cancelled() => Next::Stopped,
-        next = tokio::time::timeout(idle, items.recv()) => match next {
-            Ok(Some(item)) => Next::Item(item),
-            Ok(None) => Next::Stopped,
-            Err(_) => Next::Idle(idle),
-        },
+    let mut following = true;
+    loop {
+        let clock_stopped = *paused.borrow_and_update();
+        let clock = async {
+            match clock_stopped {
+                true => std::future::pending().await,
+                false => tokio::time::sleep(idle).await,
+            }
+        };
+        let pause_changed = async {
+            match following {
+                true => paused.changed().await.is_ok(),
+                false => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => return Next::Stopped,
+            item = items.recv() => return item.map_or(Next::Stopped, Next::Item),
+            () = clock => return Next::Idle(idle),
+            // A pause or a resume: the clock stops, or starts again whole.
+            still = pause_changed => following = still,
+        }
     }
 }
 

@@ -129,7 +129,7 @@ impl SessionTask {
                 tokio::select! {
                     biased;
                     () = lost.cancelled() => Next::Stopped,
-                    next = next(&mut self.session.items, idle, stop) => next,
+                    next = next(&mut self.session.items, idle, generation.group.pause_changes(), stop) => next,
                 }
             };
             let arrival = match held_or_stopped(&self.abandon, coming).await {

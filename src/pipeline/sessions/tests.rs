@@ -221,6 +221,38 @@ async fn an_idle_session_closes_after_its_timeout_from_either_source() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_pause_stops_an_open_sessions_idle_clock_from_either_source() {
+    let mut bench = Bench::new(on(""), Script::acking());
+    bench.admit(1, "s", false).await;
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    bench.generation.group.set_paused(true);
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    assert_eq!(bench.settled.drain(), [], "ten minutes paused: still open");
+    bench.generation.group.set_paused(false);
+    tokio::time::sleep(Duration::from_secs(29)).await;
+    assert_eq!(bench.settled.drain(), [], "its whole timeout again");
+    bench.admit(2, "s", true).await;
+    assert_eq!(bench.settled.drain(), acks(&[1, 2]), "completed whole");
+    assert_eq!(bench.dead_lettered("session-timeout"), 0.0);
+    // Resumed, the clock runs again.
+    bench.admit(3, "t", false).await;
+    bench.generation.group.set_paused(true);
+    bench.generation.group.set_paused(false);
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    assert_eq!(bench.settled.drain(), dead_letters(&[3]));
+
+    // Over HTTP too.
+    let callers = Callers::new(on(""), Script::acking());
+    assert!(delivered(&callers.send(1, "s", false).await));
+    callers.generation.group.set_paused(true);
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    callers.generation.group.set_paused(false);
+    tokio::time::sleep(Duration::from_secs(29)).await;
+    assert!(delivered(&callers.send(2, "s", true).await), "still open");
+    assert_eq!(callers.script.calls(), ["a:s-1", "a:s-2"]);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_failover_mid_session_replays_the_set_and_it_is_acked_as_one() {
     let script = Script::new(|call, earlier| match call.endpoint.as_str() {
         "a" if earlier >= 2 => Reply::Fail(PublishFailure::Nacked),
