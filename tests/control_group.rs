@@ -7,13 +7,18 @@
 //! `/readyz`, metrics, and no copy made while paused); an instance
 //! SIGKILLed while the group is paused comes back paused, with the drain
 //! and the registration, before it takes work, and a resume sent to it
-//! releases every message held meanwhile. Every message is counted by
-//! body: nothing lost, nothing twice, nothing dead-lettered.
+//! releases every message held meanwhile; an instance started after
+//! retention trimmed the records that made the group's state recovers it
+//! from a snapshot. Every message is counted by body: nothing lost,
+//! nothing twice, nothing dead-lettered.
 
 use crate::support;
 
+use futures_util::StreamExt;
 use lapin::BasicProperties;
-use serde_json::Value;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use support::config::{Branch, Endpoint, Filter, Forwarder};
@@ -33,6 +38,8 @@ const ENDPOINT_STATE: &str = "switchyard_endpoint_state";
 const REGISTRATIONS: &str = "switchyard_registrations";
 /// A registration's lease: far longer than any test here runs.
 const LEASE_MS: u64 = 300_000;
+/// The smallest `control.max_bytes`.
+const MIN_CONTROL_BYTES: u64 = 1 << 20;
 
 /// One real instance of the group and its admin endpoint.
 struct Instance {
@@ -559,4 +566,129 @@ async fn an_instance_restarted_while_paused_comes_back_paused_with_the_drain_and
     a.stop().await;
     b.stop().await;
     delete_all_with_prefix(&p).await;
+}
+
+/// Retention trims the control stream's head, and with it the records
+/// that paused the group, drained `service` and registered `w1`: an
+/// instance started on what is left recovers all three from the newest
+/// snapshot and the records after it, not from a partial read. The
+/// stream is declared at the smallest `control.max_bytes` (1 MiB, in
+/// segments of 128 KiB); renewals of another registration, `w2`, fill it
+/// (each says nothing of the first three).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_started_after_retention_trimmed_the_stream_recovers_from_a_snapshot() {
+    let p = unique_prefix("group-trimmed");
+    let broker = TestBroker::connect(&p).await;
+    let stream = format!("{p}.control");
+    let w1 = format!("{p}.w1");
+    let config = seed_group(&p, true).control("max_bytes", MIN_CONTROL_BYTES);
+    let a = Instance::spawn(&p, "a", &config);
+    a.recovered().await;
+    a.control.register("workers", "w1", &w1, 3_600_000).await;
+    a.control.drain("service").await;
+    a.control.pause().await;
+    // The records that made the state: A's hello, three commands and
+    // their acknowledgements.
+    let made_by = stream_offsets(&broker, &stream).await;
+    assert!(made_by.1 < 20, "{made_by:?}");
+
+    // w2 renewed with a routing key of 255 bytes, eight at a time, until
+    // the stream's first record is past them.
+    let w2 = json!({ "routing_key": "k".repeat(255), "ttl_ms": 3_600_000 });
+    let began = std::time::Instant::now();
+    let renewals = std::sync::atomic::AtomicUsize::new(0);
+    let trimmed = wait_for(
+        "retention trims the stream's head",
+        Duration::from_secs(120),
+        || async {
+            let rounds = (0..8).map(|_| async {
+                for _ in 0..25 {
+                    a.control.ok("PUT", "/registry/workers/w2", Some(&w2)).await;
+                }
+            });
+            futures_util::future::join_all(rounds).await;
+            renewals.fetch_add(200, std::sync::atomic::Ordering::Relaxed);
+            let offsets = stream_offsets(&broker, &stream).await;
+            (offsets.0 > made_by.1).then_some(offsets)
+        },
+    )
+    .await;
+    println!(
+        "{} renewals in {:.1}s; the stream now holds offsets {trimmed:?}",
+        renewals.into_inner(),
+        began.elapsed().as_secs_f64()
+    );
+
+    let b = Instance::spawn(&p, "b", &config);
+    let status = b.recovered().await;
+    assert_eq!(status["paused"], true, "{status}");
+    assert_eq!(
+        endpoint_state(&status, "service").as_deref(),
+        Some("drained"),
+        "{status}"
+    );
+    assert_eq!(registered(&status, "workers"), ["w1", "w2"], "{status}");
+    let log = b.process.log();
+    assert!(
+        log.contains("group state recovered from the control stream"),
+        "{log}"
+    );
+    assert!(!log.contains("no snapshot followed"), "{log}");
+    assert_eq!(group_view(&status), group_view(&a.control.status().await));
+    a.stop().await;
+    b.stop().await;
+    delete_all_with_prefix(&p).await;
+}
+
+/// The first and the last offset `stream` holds, read by a consumer of
+/// its own from its first record and up to its last.
+async fn stream_offsets(broker: &TestBroker, stream: &str) -> (u64, u64) {
+    let first = stream_read(broker, stream, "first", 1).await;
+    // From the last chunk on, until nothing more comes.
+    let last = stream_read(broker, stream, "last", u64::MAX).await;
+    match (first.first(), last.iter().max()) {
+        (Some(first), Some(last)) => (*first, *last),
+        _ => panic!("{stream} holds no record"),
+    }
+}
+
+/// The offsets of up to `most` records of `stream` read from `start`
+/// (`first` or `last`), ending once none comes for half a second.
+async fn stream_read(broker: &TestBroker, stream: &str, start: &str, most: u64) -> Vec<u64> {
+    let channel = broker.fresh_channel().await;
+    channel
+        .basic_qos(100, BasicQosOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("basic.qos: {e}"));
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-stream-offset".into(),
+        AMQPValue::LongString(start.into()),
+    );
+    let mut consumer = channel
+        .basic_consume(
+            stream.into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            args,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("consume {stream}: {e}"));
+    let mut offsets = Vec::new();
+    while (offsets.len() as u64) < most {
+        let next = tokio::time::timeout(Duration::from_millis(500), consumer.next()).await;
+        let Ok(Some(Ok(delivery))) = next else { break };
+        let offset = delivery
+            .properties
+            .headers()
+            .as_ref()
+            .and_then(|h| h.inner().get("x-stream-offset").cloned());
+        match offset {
+            Some(AMQPValue::LongLongInt(n)) => offsets.push(n as u64),
+            other => panic!("a record without its offset: {other:?}"),
+        }
+        let _ = delivery.ack(BasicAckOptions::default()).await;
+    }
+    let _ = channel.close(200, "done".into()).await;
+    offsets
 }

@@ -47,6 +47,11 @@ fn default_control_max_bytes() -> u64 {
     64 << 20
 }
 
+/// The smallest `max_bytes`: retention must always leave the newest
+/// snapshot (one every 500 records of a few hundred bytes, and a snapshot
+/// of up to `max_registrations` registrations) and what follows it.
+const MIN_MAX_BYTES: u64 = 1 << 20;
+
 /// The group's command stream, compiled.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Control {
@@ -126,8 +131,14 @@ pub(super) fn compile_control(
             "must be a queue name of 1 to 255 bytes",
         ));
     }
-    if raw.max_bytes == 0 {
-        return Err(InvalidKey::new("control.max_bytes", "must be at least 1"));
+    if raw.max_bytes < MIN_MAX_BYTES {
+        return Err(InvalidKey::new(
+            "control.max_bytes",
+            format!(
+                "must be at least {MIN_MAX_BYTES} (1 MiB), so that retention never trims the \
+                 newest snapshot of the group's state"
+            ),
+        ));
     }
     if admin.max_registrations == 0 {
         return Err(InvalidKey::new(

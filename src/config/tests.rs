@@ -729,6 +729,11 @@ fn sessions_leave_room_in_the_prefetch_time_out_and_use_two_headers() {
             "test.toml: sessions.idle_timeout_ms: must be at least 1",
         ),
         (
+            with("[control]\nmax_bytes = 1048575"),
+            "test.toml: control.max_bytes: must be at least 1048576 (1 MiB), so that retention \
+             never trims the newest snapshot of the group's state",
+        ),
+        (
             with("[sessions]\nenabled = true\nend_header = \"session-id\""),
             "test.toml: sessions.end_header: is the same header as sessions.id_header; use two headers",
         ),
