@@ -4,7 +4,8 @@
 //! backup and back without a failover, and a drained last endpoint holds;
 //! services register into a round-robin branch, leave, lapse and come,
 //! every message reaching exactly one instance; a reload keeps all of it;
-//! a pause longer than the sessions' idle timeout ends no session;
+//! a pause longer than the sessions' idle timeout ends no session, and a
+//! session waits for a service to register as a message does;
 //! bad requests change nothing and say why; a flood of control requests
 //! never stops forwarding. Every message is counted by body.
 
@@ -452,6 +453,66 @@ async fn services_register_into_a_round_robin_branch_lapse_and_leave() {
     delete_all_with_prefix(&p).await;
 }
 
+/// Message `seq` of session `s1`, the last of it when `end`.
+fn session_message(seq: u32, end: bool) -> (Vec<u8>, BasicProperties) {
+    let mut headers = FieldTable::default();
+    headers.insert(ID.into(), AMQPValue::LongString("s1".into()));
+    headers.insert(SEQ.into(), AMQPValue::LongInt(seq as i32));
+    if end {
+        headers.insert(END.into(), AMQPValue::Boolean(true));
+    }
+    let props = BasicProperties::default()
+        .with_message_id(format!("s1/{seq}").into())
+        .with_headers(headers);
+    (format!("s1:{seq}").into_bytes(), props)
+}
+
+/// A session whose first message finds the registrable branch without an
+/// endpoint waits for a registration, for three times its idle timeout,
+/// as independent messages do: nothing forwarded, nothing dead-lettered.
+/// Once a service registers, the session reaches it and the logging
+/// branch whole and in order, and the messages behind it follow.
+#[tokio::test]
+async fn a_session_waits_for_a_service_to_register() {
+    let p = unique_prefix("ctlregses");
+    let broker = TestBroker::connect(&p).await;
+    let w1 = format!("{p}.w1");
+    broker.declare_queue(&w1).await;
+    let config = workers(&p).sessions(&[
+        ("max_open", 4u32.into()),
+        ("idle_timeout_ms", 1000u32.into()),
+    ]);
+    let (running, control) = start(&config, &broker, &p).await;
+    let (inbound, logging, dlq) = (
+        format!("{p}.in"),
+        format!("{p}.logging"),
+        format!("{p}.dlq"),
+    );
+    let session: Vec<_> = (0..3).map(|seq| session_message(seq, seq == 2)).collect();
+    publish_to(&broker, "", &inbound, &session).await;
+    let behind = bodies("r", 0..10);
+    publish_held(&broker, &p, &behind, control.addr).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(lens(&broker, &[&w1, &logging, &dlq]).await, 0, "held");
+
+    control.register("workers", "w1", &w1, 60_000).await;
+    broker.await_count(&w1, 13, DEFAULT_TIMEOUT).await;
+    broker.await_count(&logging, 13, DEFAULT_TIMEOUT).await;
+    running.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    for queue in [&w1, &logging] {
+        let got = broker.get_all(queue).await;
+        assert_eq!(seqs(&by_session(&got)["s1"]), whole(3), "{queue}");
+        let independent = got
+            .iter()
+            .filter(|m| m.header(ID).is_none())
+            .map(|m| String::from_utf8_lossy(&m.body).into_owned());
+        exactly_once(&tally(independent), &behind, queue);
+    }
+    assert_eq!(broker.queue_len(&dlq).await, 0, "nothing dead-lettered");
+    assert_eq!(broker.queue_len(&inbound).await, 0, "every message acked");
+    delete_all_with_prefix(&p).await;
+}
+
 #[tokio::test]
 async fn a_reload_keeps_registrations_drains_and_a_pause() {
     let p = unique_prefix("ctlreload");
@@ -789,18 +850,7 @@ async fn a_pause_longer_than_the_idle_timeout_keeps_an_open_session() {
         format!("{p}.logging"),
         format!("{p}.dlq"),
     );
-    let message = |seq: u32, end: bool| {
-        let mut headers = FieldTable::default();
-        headers.insert(ID.into(), AMQPValue::LongString("s1".into()));
-        headers.insert(SEQ.into(), AMQPValue::LongInt(seq as i32));
-        if end {
-            headers.insert(END.into(), AMQPValue::Boolean(true));
-        }
-        let props = BasicProperties::default()
-            .with_message_id(format!("s1/{seq}").into())
-            .with_headers(headers);
-        (format!("s1:{seq}").into_bytes(), props)
-    };
+    let message = session_message;
     publish_to(
         &broker,
         "",

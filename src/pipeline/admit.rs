@@ -129,7 +129,13 @@ mod tests {
         let generation = Generation::scripted(settings, Script::acking(), telemetry.clone());
         let generation = Arc::new(generation);
         let (tracker, abandon) = (TaskTracker::new(), CancellationToken::new());
-        let queue = Sessions::new(tracker.clone(), abandon.clone(), telemetry.clone());
+        let generations = tokio::sync::watch::channel(generation.clone()).1;
+        let queue = Sessions::new(
+            tracker.clone(),
+            abandon.clone(),
+            telemetry.clone(),
+            generations,
+        );
         let http = HttpSessions::new(tracker, abandon, telemetry, route_for_caller);
         [
             admit(&generation, envelope, queue.membership()),

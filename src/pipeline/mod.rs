@@ -123,10 +123,17 @@ impl Forwarder {
         );
         let tracker = TaskTracker::new();
         let abandon = CancellationToken::new();
+        let live = Arc::new(Live::new(settings, common));
+        let generations = live.subscribe();
         Self {
-            live: Arc::new(Live::new(settings, common)),
+            live,
             reloads: None,
-            sessions: sessions::Sessions::new(tracker.clone(), abandon.clone(), telemetry.clone()),
+            sessions: sessions::Sessions::new(
+                tracker.clone(),
+                abandon.clone(),
+                telemetry.clone(),
+                generations,
+            ),
             http_sessions: sessions::HttpSessions::new(
                 tracker.clone(),
                 abandon.clone(),

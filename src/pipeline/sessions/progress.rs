@@ -105,6 +105,14 @@ impl Progress {
         Ok(end)
     }
 
+    /// The first message, while the branches are not chosen yet.
+    pub(crate) fn unrouted_first(&self) -> Option<&Arc<Envelope>> {
+        self.branches
+            .is_empty()
+            .then(|| self.envelopes.first())
+            .flatten()
+    }
+
     /// Chooses the branches by the first message, through `route`, when
     /// they are not chosen yet.
     pub(crate) fn route(

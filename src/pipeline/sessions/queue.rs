@@ -17,6 +17,7 @@ use crate::pipeline::record;
 use crate::telemetry::Telemetry;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -46,10 +47,13 @@ impl Sessions {
         &self.set
     }
 
+    /// Sessions whose first message, when a branch it takes has no
+    /// endpoint yet, waits for the first of `generations` where it has one.
     pub(crate) fn new(
         tracker: TaskTracker,
         abandon: CancellationToken,
         telemetry: Telemetry,
+        generations: watch::Receiver<Arc<Generation>>,
     ) -> Self {
         let start: Start<Arrival> = {
             let (tracker, abandon, telemetry) =
@@ -57,6 +61,7 @@ impl Sessions {
             Arc::new(move |session| {
                 let task = SessionTask {
                     session,
+                    generations: generations.clone(),
                     abandon: abandon.clone(),
                     telemetry: telemetry.clone(),
                 };

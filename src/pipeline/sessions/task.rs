@@ -14,7 +14,10 @@
 //!
 //! The branches are chosen by the session's first message, and a session
 //! runs under the generation (and so the `[sessions]` settings) it opened
-//! with.
+//! with. When a branch the first message takes has no endpoint yet (a
+//! registrable branch no service has registered into), the session waits,
+//! counted as an outage hold so that consuming pauses, for the first live
+//! generation where it has one, and runs under that one.
 
 use super::membership::{Arrival, annotation};
 use super::progress::{Next, Progress, next};
@@ -24,16 +27,21 @@ use crate::envelope::Envelope;
 use crate::journal::Said;
 use crate::pipeline::admit::route;
 use crate::pipeline::engine::{BranchRun, held};
+use crate::pipeline::generation::Generation;
 use crate::pipeline::outcome::{Barred, Cause, Outcome, Reach, Verdict};
 use crate::pipeline::record;
+use crate::routing::BranchPlan;
 use crate::telemetry::Telemetry;
 use std::sync::Arc;
 use std::time::SystemTime;
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::{OwnedSemaphorePermit, watch};
 use tokio_util::sync::CancellationToken;
 
 pub(super) struct SessionTask {
     pub(super) session: Session<Arrival>,
+    /// The live generation: a first message waiting for a registration
+    /// takes the first that routes it.
+    pub(super) generations: watch::Receiver<Arc<Generation>>,
     /// The forwarder's shutdown bound.
     pub(super) abandon: CancellationToken,
     pub(super) telemetry: Telemetry,
@@ -121,7 +129,7 @@ impl SessionTask {
         held: &mut Held,
         lost: &mut CancellationToken,
     ) -> End {
-        let generation = self.session.generation.clone();
+        let mut generation = self.session.generation.clone();
         loop {
             let idle = progress.idle_timeout();
             let stop = &self.session.stop;
@@ -157,6 +165,12 @@ impl SessionTask {
             if let Some(barred) = refused {
                 return End::barred(barred);
             }
+            if let Some(first) = progress.unrouted_first().cloned() {
+                match self.routable(generation, &first, lost).await {
+                    Some(routable) => generation = routable,
+                    None => return End::Abandoned,
+                }
+            }
             let routing = &generation.settings.routing;
             let routed = progress.route(&generation, |first| route(routing, first));
             if let Err(barred) = routed {
@@ -168,6 +182,40 @@ impl SessionTask {
             }
             if end {
                 return End::Completed;
+            }
+        }
+    }
+
+    /// The generation the session's first message `first` is routed
+    /// under: `current`, unless a branch it takes has no endpoint; then the
+    /// first live generation where every such branch has one, waited for
+    /// as an outage hold. `None` when the channel is lost or the session
+    /// stopped first (its messages go back to the queue).
+    async fn routable(
+        &self,
+        current: Arc<Generation>,
+        first: &Envelope,
+        lost: &CancellationToken,
+    ) -> Option<Arc<Generation>> {
+        let waits = |generation: &Generation| {
+            route(&generation.settings.routing, first)
+                .is_ok_and(|plans| plans.iter().any(BranchPlan::is_empty))
+        };
+        if !waits(&current) {
+            return Some(current);
+        }
+        let _held = current.engine.outages().counted();
+        let mut changes = self.generations.clone();
+        loop {
+            let live = changes.borrow_and_update().clone();
+            if !waits(&live) {
+                return Some(live);
+            }
+            tokio::select! {
+                () = lost.cancelled() => return None,
+                () = self.session.stop.cancelled() => return None,
+                () = self.abandon.cancelled() => return None,
+                changed = changes.changed() => changed.ok()?,
             }
         }
     }

@@ -18,7 +18,7 @@ use crate::telemetry::{Telemetry, sample};
 use crate::wire::{self, Annotations, Reading, Trust};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -29,6 +29,8 @@ const LOGGING: &str = "\n[endpoints.l]\nbroker = \"main\"\nrouting_key = \"l\"\n
 struct Bench {
     sessions: Sessions,
     generation: Arc<Generation>,
+    /// The live generation, as the forwarder's watch holds it.
+    live: watch::Sender<Arc<Generation>>,
     settled: SettledLog,
     permits: Arc<Semaphore>,
     script: Arc<Script>,
@@ -40,13 +42,17 @@ impl Bench {
     fn new(settings: Settings, script: Arc<Script>) -> Self {
         let telemetry = Telemetry::new();
         let generation = Generation::scripted(settings, script.clone(), telemetry.clone());
+        let generation = Arc::new(generation);
+        let live = watch::Sender::new(generation.clone());
         Self {
             sessions: Sessions::new(
                 TaskTracker::new(),
                 CancellationToken::new(),
                 telemetry.clone(),
+                live.subscribe(),
             ),
-            generation: Arc::new(generation),
+            generation,
+            live,
             settled: SettledLog::default(),
             permits: Arc::new(Semaphore::new(1000)),
             script,
@@ -94,6 +100,7 @@ impl Bench {
         let generation =
             Generation::scripted(settings, self.script.clone(), self.telemetry.clone());
         self.generation = Arc::new(generation);
+        self.live.send_replace(self.generation.clone());
     }
 
     /// Whether a message with `header: id` would belong to a session now.
@@ -250,6 +257,51 @@ async fn a_pause_stops_an_open_sessions_idle_clock_from_either_source() {
     tokio::time::sleep(Duration::from_secs(29)).await;
     assert!(delivered(&callers.send(2, "s", true).await), "still open");
     assert_eq!(callers.script.calls(), ["a:s-1", "a:s-2"]);
+}
+
+/// "service" over `a`, and "workers": registrable, round robin, with no
+/// endpoint until `w` is given.
+fn with_workers(w: Option<&str>) -> Settings {
+    let endpoint = w.map_or(String::new(), |w| format!("endpoint = \"{w}\"\n"));
+    let workers = format!(
+        "\n[[filter_table]]\nname = \"workers\"\nfilter = \"all\"\nregistrable = true\n\
+         strategy = \"round_robin\"\n{endpoint}{SESSIONS}"
+    );
+    let toml = settings_toml(&["a"], "service", &workers);
+    match w {
+        Some(w) => load(&format!(
+            "{toml}\n[endpoints.{w}]\nbroker = \"main\"\nrouting_key = \"{w}\"\n"
+        )),
+        None => load(&toml),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_session_whose_first_message_finds_no_registered_endpoint_waits_for_one() {
+    let mut bench = Bench::new(with_workers(None), Script::acking());
+    bench.admit(1, "s", false).await;
+    bench.admit(2, "s", true).await;
+    // Past the idle timeout: held as an outage (consuming paused), not
+    // dead-lettered, nothing published.
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(bench.settled.drain(), [], "held");
+    assert!(
+        bench.script.calls().is_empty(),
+        "{:?}",
+        bench.script.calls()
+    );
+    assert!(bench.generation.engine.outages().any(), "counted as a hold");
+
+    // A service registers: a new live generation where "workers" has `w`.
+    let before = bench.generation.clone();
+    bench.reload(with_workers(Some("w")));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(bench.settled.drain(), acks(&[1, 2]));
+    let mut calls = bench.script.calls();
+    calls.sort();
+    assert_eq!(calls, ["a:s-1", "a:s-2", "w:s-1", "w:s-2"]);
+    assert!(!before.engine.outages().any(), "the hold ended");
+    assert_eq!(bench.dead_lettered("session-timeout"), 0.0);
 }
 
 #[tokio::test(start_paused = true)]
