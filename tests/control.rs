@@ -11,8 +11,6 @@
 
 use crate::support;
 
-use lapin::BasicProperties;
-use lapin::types::{AMQPValue, FieldTable};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -22,7 +20,7 @@ use support::config::{Branch, Endpoint, Filter, Forwarder};
 use support::control::{ControlClient, endpoint_state, json_of, registered};
 use support::harness::{InProcess, wait_consumers};
 use support::ingress::start_ingress;
-use support::sessions::{END, ID, SEQ, by_session, publish_to, seqs, whole};
+use support::sessions::{ID, by_session, in_session, publish_to, seqs, whole};
 use support::{
     DEFAULT_TIMEOUT, Metrics, TestBroker, admin_listener, delete_all_with_prefix, http_get,
     http_send, tally, unique_prefix, wait_for, wait_until,
@@ -453,20 +451,6 @@ async fn services_register_into_a_round_robin_branch_lapse_and_leave() {
     delete_all_with_prefix(&p).await;
 }
 
-/// Message `seq` of session `s1`, the last of it when `end`.
-fn session_message(seq: u32, end: bool) -> (Vec<u8>, BasicProperties) {
-    let mut headers = FieldTable::default();
-    headers.insert(ID.into(), AMQPValue::LongString("s1".into()));
-    headers.insert(SEQ.into(), AMQPValue::LongInt(seq as i32));
-    if end {
-        headers.insert(END.into(), AMQPValue::Boolean(true));
-    }
-    let props = BasicProperties::default()
-        .with_message_id(format!("s1/{seq}").into())
-        .with_headers(headers);
-    (format!("s1:{seq}").into_bytes(), props)
-}
-
 /// A session whose first message finds the registrable branch without an
 /// endpoint waits for a registration, for three times its idle timeout,
 /// as independent messages do: nothing forwarded, nothing dead-lettered.
@@ -488,7 +472,7 @@ async fn a_session_waits_for_a_service_to_register() {
         format!("{p}.logging"),
         format!("{p}.dlq"),
     );
-    let session: Vec<_> = (0..3).map(|seq| session_message(seq, seq == 2)).collect();
+    let session: Vec<_> = (0..3).map(|seq| in_session("s1", seq, seq == 2)).collect();
     publish_to(&broker, "", &inbound, &session).await;
     let behind = bodies("r", 0..10);
     publish_held(&broker, &p, &behind, control.addr).await;
@@ -850,7 +834,7 @@ async fn a_pause_longer_than_the_idle_timeout_keeps_an_open_session() {
         format!("{p}.logging"),
         format!("{p}.dlq"),
     );
-    let message = session_message;
+    let message = |seq, end| in_session("s1", seq, end);
     publish_to(
         &broker,
         "",

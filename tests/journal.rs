@@ -13,7 +13,7 @@ use support::config::{Branch, Endpoint, Filter, Forwarder};
 use support::harness::InProcess;
 use support::ingress::{start_ingress, stop_clean};
 use support::journal::{attempts, records, result, switchyard, trace};
-use support::sessions::{END, ID, SEQ, publish_to};
+use support::sessions::{in_session, publish_to};
 use support::{DEFAULT_TIMEOUT, TestBroker, delete_all_with_prefix, unique_prefix};
 use switchyard::Options;
 
@@ -255,18 +255,7 @@ async fn a_session_replay_is_recorded_on_each_message() {
         .toml();
     let inbound = format!("{p}.in");
     let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
-    let message = |seq: u32, end: bool| {
-        let mut headers = FieldTable::default();
-        headers.insert(ID.into(), AMQPValue::LongString("s1".into()));
-        headers.insert(SEQ.into(), AMQPValue::LongInt(seq as i32));
-        if end {
-            headers.insert(END.into(), AMQPValue::Boolean(true));
-        }
-        let props = BasicProperties::default()
-            .with_message_id(format!("s1/{seq}").into())
-            .with_headers(headers);
-        (format!("s1:{seq}").into_bytes(), props)
-    };
+    let message = |seq, end| in_session("s1", seq, end);
     publish_to(
         &broker,
         "",

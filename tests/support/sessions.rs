@@ -51,6 +51,21 @@ pub fn session_branch_toml(p: &str, backup_exists: bool) -> String {
 /// One message to publish: body and properties.
 pub type Outgoing = (Vec<u8>, BasicProperties);
 
+/// Message `seq` of session `id` (the last of it when `end`): message id
+/// `id/seq`, body `id:seq`.
+pub fn in_session(id: &str, seq: u32, end: bool) -> Outgoing {
+    let mut headers = lapin::types::FieldTable::default();
+    headers.insert(ID.into(), AMQPValue::LongString(id.into()));
+    headers.insert(SEQ.into(), AMQPValue::LongInt(seq as i32));
+    if end {
+        headers.insert(END.into(), AMQPValue::Boolean(true));
+    }
+    let props = BasicProperties::default()
+        .with_message_id(format!("{id}/{seq}").into())
+        .with_headers(headers);
+    (format!("{id}:{seq}").into_bytes(), props)
+}
+
 /// Publishes `messages` in order, each confirmed.
 pub async fn publish_to(broker: &TestBroker, exchange: &str, key: &str, messages: &[Outgoing]) {
     let batch = messages.iter().map(|(b, p)| (b.as_slice(), p.clone()));
