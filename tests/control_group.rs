@@ -634,7 +634,11 @@ async fn an_instance_started_after_retention_trimmed_the_stream_recovers_from_a_
         "{log}"
     );
     assert!(!log.contains("no snapshot followed"), "{log}");
-    assert_eq!(group_view(&status), group_view(&a.control.status().await));
+    a.control
+        .status_until("A shows the group as B recovered it", |s| {
+            group_view(s) == group_view(&status)
+        })
+        .await;
     a.stop().await;
     b.stop().await;
     delete_all_with_prefix(&p).await;
