@@ -247,7 +247,6 @@ impl Pass<'_> {
 /// the branches `only` names (every branch when empty), `at` the moment
 /// it was republished.
 fn redriven(message: &Envelope, record: &Record, only: &[String], at: SystemTime) -> Entry {
-    let now = at;
     Entry {
         message_id: record.message_id.clone(),
         content: record.message_id.is_none().then(|| message.content_uuid()),
@@ -255,8 +254,8 @@ fn redriven(message: &Envelope, record: &Record, only: &[String], at: SystemTime
         session: None,
         redelivered: false,
         trace: Trace::from_headers(message.headers()),
-        received_at: now,
-        settled_at: now,
+        received_at: at,
+        settled_at: at,
         said: Said::Redriven,
         branches: only
             .iter()
