@@ -5,7 +5,8 @@
 //! services register into a round-robin branch, leave, lapse and come,
 //! every message reaching exactly one instance; a reload keeps all of it;
 //! a pause longer than the sessions' idle timeout ends no session, and a
-//! session waits for a service to register as a message does;
+//! session waits for a service to register as a message does; a refused
+//! control stream is named and holds all work until granted;
 //! bad requests change nothing and say why; a flood of control requests
 //! never stops forwarding. Every message is counted by body.
 
@@ -18,9 +19,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use support::config::{Branch, Endpoint, Filter, Forwarder};
 use support::control::{ControlClient, endpoint_state, json_of, registered};
-use support::harness::{InProcess, wait_consumers};
+use support::harness::{InProcess, Process, consumer_count, wait_consumers};
 use support::ingress::start_ingress;
 use support::sessions::{ID, by_session, in_session, publish_to, seqs, whole};
+use support::vhost::TestVhost;
 use support::{
     DEFAULT_TIMEOUT, Metrics, TestBroker, admin_listener, delete_all_with_prefix, http_get,
     http_send, tally, unique_prefix, wait_for, wait_until,
@@ -880,6 +882,54 @@ async fn a_pause_longer_than_the_idle_timeout_keeps_an_open_session() {
     assert_eq!(broker.queue_len(&dlq).await, 0, "nothing dead-lettered");
     assert_eq!(broker.queue_len(&inbound).await, 0, "every message acked");
     delete_all_with_prefix(&p).await;
+}
+
+/// A broker that refuses the control stream (the forwarder's user may not
+/// configure it) is logged as an error saying what to grant, and the
+/// instance takes no work while it cannot read the group's state; once
+/// granted, it recovers and forwards what waited.
+#[tokio::test]
+async fn a_refused_control_stream_is_named_and_no_work_is_taken_until_it_is_granted() {
+    let p = unique_prefix("ctlrefused");
+    let vhost = TestVhost::create(&p).await;
+    // Everything but the control stream.
+    let allowed = format!("^(?!{}\\.control$).*", p);
+    vhost.set_permissions(&allowed, &allowed, &allowed).await;
+    let toml = Forwarder::at(&vhost.user_url(), &p).seed(&p).toml();
+    let forwarder = Process::spawn(&p, &toml);
+    let broker = TestBroker::connect_to(&vhost.guest_url(), &format!("{p}-test")).await;
+    let (inbound, service) = (format!("{p}.in"), format!("{p}.service"));
+    wait_until("the inbound queue is declared", DEFAULT_TIMEOUT, || async {
+        broker.try_queue_len(&inbound).await.is_some()
+    })
+    .await;
+    broker
+        .publish("", &inbound, b"waits", Default::default())
+        .await;
+    wait_until("the refusal is logged", DEFAULT_TIMEOUT, || async {
+        forwarder.log().contains(
+            "the broker refuses the control stream: grant the forwarder's user configure, \
+             write and read on it",
+        )
+    })
+    .await;
+    assert_eq!(broker.queue_len(&inbound).await, 1, "no work taken");
+    assert_eq!(
+        consumer_count(&broker, &inbound).await,
+        Some(0),
+        "not consuming"
+    );
+
+    vhost.grant_all().await;
+    broker.await_count(&service, 1, DEFAULT_TIMEOUT).await;
+    assert!(
+        forwarder
+            .log()
+            .contains("group state recovered from the control stream")
+    );
+    drop(forwarder);
+    broker.close().await;
+    vhost.delete().await;
 }
 
 #[test]
