@@ -1025,7 +1025,8 @@ async fn inject(chaos: Arc<Chaos>, plan: Vec<(Duration, Fault)>, t0: Instant, se
 /// the run's queues online. On the node the forwarder uses, the forwarder
 /// is paused for a backlog first (the node is lost under a full window);
 /// on another, the stop waits for traffic (the quorum queues lose a member,
-/// or their leader, under publishes in flight).
+/// or their leader, under publishes in flight), and when none comes (the
+/// forwarder keeps up with the publisher) it is paused for a backlog too.
 async fn node_fault(chaos: &Chaos, down: Duration, target: Target) {
     let Brokers::Cluster(cluster) = &chaos.brokers else {
         chaos.note("node: skipped, not a cluster");
@@ -1039,12 +1040,17 @@ async fn node_fault(chaos: &Chaos, down: Duration, target: Target) {
         Target::Random(i) => (i, "random, not the forwarder's"),
     };
     let uses = used.contains(&i);
-    let (waiting, load) = if uses {
-        pause_for_backlog(chaos).await
-    } else {
-        // Longer than a kill waits: every node fault must find traffic.
-        let (waiting, busy) = wait_for_traffic(chaos, BACKLOG_WAIT).await;
-        (waiting, busy.to_string())
+    // Longer than a kill waits: every node fault must find traffic. A
+    // forwarder that keeps up leaves nothing waiting; it is then paused
+    // for a backlog too, so that the node is lost with messages flowing.
+    let traffic = match uses {
+        true => None,
+        false => Some(wait_for_traffic(chaos, BACKLOG_WAIT).await).filter(|(n, _)| *n > 0),
+    };
+    let paused = traffic.is_none();
+    let (waiting, load) = match traffic {
+        Some((waiting, busy)) => (waiting, busy.to_string()),
+        None => pause_for_backlog(chaos).await,
     };
     let flowing = waiting > 0 && chaos.publishing.load(Ordering::SeqCst);
     let node = cluster.node(i);
@@ -1054,7 +1060,7 @@ async fn node_fault(chaos: &Chaos, down: Duration, target: Target) {
         node.node_name()
     ));
     node.stop_app().await;
-    if uses {
+    if paused {
         resume(chaos).await;
     }
     let stopped = Instant::now();
