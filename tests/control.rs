@@ -1,7 +1,8 @@
 //! Operating a running forwarder through its admin endpoint, against the
 //! real broker: a pause holds new messages while the inbound queue grows
 //! and resumes exactly once; a drained endpoint sends its traffic to its
-//! backup and back without a failover, and a drained last endpoint holds;
+//! backup and back without a failover, a drained last endpoint holds, and
+//! a drained endpoint is not probed;
 //! services register into a round-robin branch, leave, lapse and come,
 //! every message reaching exactly one instance; a reload keeps all of it;
 //! a pause longer than the sessions' idle timeout ends no session, and a
@@ -337,6 +338,79 @@ async fn draining_the_only_endpoint_of_a_list_holds_its_messages_until_undrained
     assert_eq!(broker.queue_len(&format!("{p}.dlq")).await, 0);
     let m = metrics(control.addr).await;
     assert_eq!(m.sum(FAILOVERS), 0.0);
+    running.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    delete_all_with_prefix(&p).await;
+}
+
+/// A drained endpoint is not probed. The primary publishes to an exchange
+/// that does not exist yet, so it is down and probed every 100 ms; drained,
+/// it stays down while its exchange appears and 20 probe intervals pass
+/// (a probe would find it working at once); undrained, a probe finds it
+/// and new messages go to it again.
+#[tokio::test]
+async fn a_drained_endpoint_is_not_probed_until_undrained() {
+    let p = unique_prefix("ctlprobe");
+    let broker = TestBroker::connect(&p).await;
+    let (exchange, primary, backup) = (
+        format!("{p}.later"),
+        format!("{p}.primary"),
+        format!("{p}.backup"),
+    );
+    let config = steerable(
+        Forwarder::new(&p)
+            .endpoint(Endpoint::exchange("primary", &exchange, "k").set("probe_interval_ms", 100))
+            .endpoint(Endpoint::queue("backup", &backup))
+            .backup_list("backups", &["backup"])
+            .filter("all", Filter::match_all())
+            .branch(Branch::new("service", "all", "primary").backups("backups")),
+    );
+    let (running, control) = start(&config, &broker, &p).await;
+    let up = |m: &Metrics| m.value("switchyard_endpoint_up", &[("endpoint", "primary")]);
+    let inbound = format!("{p}.in");
+    broker
+        .publish_many("", &inbound, ["d0"], Default::default())
+        .await;
+    broker.await_count(&backup, 1, DEFAULT_TIMEOUT).await;
+    assert_eq!(up(&metrics(control.addr).await), 0.0, "the primary is down");
+
+    control.drain("primary").await;
+    // A probe started before the drain may still be out; it finds the
+    // exchange missing as long as the exchange comes after it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    broker
+        .declare_exchange(&exchange, lapin::ExchangeKind::Direct)
+        .await;
+    broker.declare_queue(&primary).await;
+    broker.bind(&primary, &exchange, "k").await;
+    broker
+        .publish_many("", &inbound, ["d1"], Default::default())
+        .await;
+    broker.await_count(&backup, 2, DEFAULT_TIMEOUT).await;
+    let quiet = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < quiet {
+        assert_eq!(
+            up(&metrics(control.addr).await),
+            0.0,
+            "a drained endpoint was probed and found working"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    control.undrain("primary").await;
+    wait_until(
+        "a probe finds the undrained primary",
+        DEFAULT_TIMEOUT,
+        || async { up(&metrics(control.addr).await) == 1.0 },
+    )
+    .await;
+    broker
+        .publish_many("", &inbound, ["d2"], Default::default())
+        .await;
+    broker.await_count(&primary, 1, DEFAULT_TIMEOUT).await;
+    assert_eq!(broker.queue_len(&backup).await, 2);
+    assert_eq!(broker.queue_len(&format!("{p}.dlq")).await, 0);
+    let m = metrics(control.addr).await;
+    assert_eq!(m.sum(FAILOVERS), 1.0, "the first message's failover alone");
     running.stop().await.unwrap_or_else(|e| panic!("{e}"));
     delete_all_with_prefix(&p).await;
 }

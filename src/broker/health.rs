@@ -8,7 +8,10 @@
 //! is up again, and failover lists start from it again. Every change bumps
 //! one shared epoch, so a branch waiting out an outage wakes on any recovery.
 //! The probe itself ([`probe`]) opens a channel on the endpoint's broker
-//! and passively declares what the endpoint publishes to.
+//! and passively declares what the endpoint publishes to. A drained
+//! endpoint is not probed: an operator took it out, and whatever its
+//! maintenance does to it is nobody's failure; once undrained it is probed
+//! again within one interval.
 
 use super::closing::close_channel;
 use super::connector::{ConnectError, Connector};
@@ -53,6 +56,8 @@ pub struct EndpointHealth {
     endpoint: String,
     state: AtomicU8,
     epoch: Arc<watch::Sender<u64>>,
+    /// The forwarder's drains, when its endpoint can be drained.
+    drains: Option<Drains>,
     telemetry: Telemetry,
 }
 
@@ -64,8 +69,22 @@ impl EndpointHealth {
             endpoint: endpoint.to_owned(),
             state: AtomicU8::new(UP),
             epoch,
+            drains: None,
             telemetry,
         }
+    }
+
+    /// The same health, whose endpoint is drained when `drains` names it.
+    pub fn drained_by(mut self, drains: Drains) -> Self {
+        self.drains = Some(drains);
+        self
+    }
+
+    /// Whether an operator drained it: then it is not probed.
+    pub fn is_drained(&self) -> bool {
+        self.drains
+            .as_ref()
+            .is_some_and(|d| d.contains(&self.endpoint))
     }
 
     /// Whether new messages should use it.

@@ -321,7 +321,8 @@ impl Parts<'_> {
             &endpoint.name,
             self.common.health_epoch.clone(),
             telemetry.clone(),
-        );
+        )
+        .drained_by(self.common.drains.clone());
         Some(Publisher::spawn(
             endpoint.clone(),
             connector,

@@ -17,7 +17,7 @@
 //!
 //! The task also keeps the endpoint's [`EndpointHealth`]: down on a
 //! connection or channel failure, probed every `probe_interval_ms` while
-//! down, up again on a working probe or a confirmed publish. Confirm
+//! down and not drained, up again on a working probe or a confirmed publish. Confirm
 //! timeouts do not run while the broker blocks the connection; the task
 //! keeps every publish's deadline itself (see `deadlines`).
 //!

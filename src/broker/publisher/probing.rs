@@ -1,5 +1,6 @@
 //! Probing a down endpoint in the background, every `probe_interval_ms`,
-//! until a probe finds it working.
+//! until a probe finds it working. A drained endpoint's turns pass without
+//! a probe, so an undrain is followed by one within an interval.
 
 use super::actor::Actor;
 use super::request::Command;
@@ -10,6 +11,10 @@ impl Actor {
     /// Checks a down endpoint in the background: a channel opens on its
     /// broker, and what it publishes to exists.
     pub(super) fn probe(&mut self) {
+        if self.health.is_drained() {
+            self.next_probe = Some(Instant::now() + self.endpoint.probe_interval);
+            return;
+        }
         self.next_probe = None;
         self.probe_running = true;
         let Some(commands) = self.commands.upgrade() else {
