@@ -65,9 +65,9 @@ async fn the_journals_broker_down_drops_or_holds_as_configured() {
     records(&hold_toml, &format!("{hold_p}-4"), 1).await;
 
     node.stop_app().await;
-    for forwarder in [&dropping, &holding] {
+    for (forwarder, which) in [(&dropping, "dropping"), (&holding, "holding")] {
         wait_until(
-            "the journal is known unwritable",
+            &format!("the {which} journal is known unwritable"),
             DEFAULT_TIMEOUT,
             || async { metric(forwarder, "switchyard_journal_writable") == 0.0 },
         )
