@@ -9,9 +9,8 @@
 //! one shared epoch, so a branch waiting out an outage wakes on any recovery.
 //! The probe itself ([`probe`]) opens a channel on the endpoint's broker
 //! and passively declares what the endpoint publishes to. A drained
-//! endpoint is not probed: an operator took it out, and whatever its
-//! maintenance does to it is nobody's failure; once undrained it is probed
-//! again within one interval.
+//! endpoint is not probed (an operator took it out for maintenance); once
+//! undrained it is probed again within one interval.
 
 use super::closing::close_channel;
 use super::connector::{ConnectError, Connector};

@@ -17,9 +17,10 @@
 //!
 //! The task also keeps the endpoint's [`EndpointHealth`]: down on a
 //! connection or channel failure, probed every `probe_interval_ms` while
-//! down and not drained, up again on a working probe or a confirmed publish. Confirm
-//! timeouts do not run while the broker blocks the connection; the task
-//! keeps every publish's deadline itself (see `deadlines`).
+//! down and not drained, up again on a working probe or a confirmed
+//! publish. Confirm timeouts do not run while the broker blocks the
+//! connection; the task keeps every publish's deadline itself (see
+//! `deadlines`).
 //!
 //! - `request`: what a publisher is asked and how an attempt fails.
 //! - `actor`: the task: channels, publishes in flight, health.
