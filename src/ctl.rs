@@ -255,9 +255,10 @@ pub fn human_status(status: &Value) -> String {
         };
         let _ = writeln!(
             out,
-            "  {:<28} joined {}, {step}",
+            "  {:<28} joined {}, last seen {}, {step}",
             text(&i["instance"]),
-            text(&i["joined_at"])
+            text(&i["joined_at"]),
+            text(&i["last_seen_at"])
         );
     }
     out

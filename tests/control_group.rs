@@ -6,8 +6,9 @@
 //! sent to the second and a pause sent to the first hold on both (status,
 //! `/readyz`, metrics, and no copy made while paused); an instance
 //! SIGKILLed while the group is paused comes back paused, with the drain
-//! and the registration, before it takes work, and a resume sent to it
-//! releases every message held meanwhile; an instance started after
+//! and the registration, before it takes work, a resume sent to it
+//! releases every message held meanwhile, and the killed one leaves the
+//! status once silent for three heartbeats; an instance started after
 //! retention trimmed the records that made the group's state recovers it
 //! from a snapshot. Every message is counted by body: nothing lost,
 //! nothing twice, nothing dead-lettered.
@@ -462,7 +463,10 @@ async fn an_instance_restarted_while_paused_comes_back_paused_with_the_drain_and
     // theirs: a restarted instance that consumed before it knew the group
     // was paused would take them and forward them at once.
     const PREFETCH: u32 = 20;
-    let config = seed_group(&p, true).inbound("prefetch", PREFETCH);
+    // Quick heartbeats, so the killed B is seen gone within a second.
+    let config = seed_group(&p, true)
+        .inbound("prefetch", PREFETCH)
+        .control("heartbeat_ms", 300);
     let a = Instance::spawn(&p, "a", &config);
     let mut b = Instance::spawn(&p, "b", &config);
     a.recovered().await;
@@ -489,6 +493,12 @@ async fn an_instance_restarted_while_paused_comes_back_paused_with_the_drain_and
     // B dies with the messages it was handed: they go back to the queue,
     // unforwarded (A, full, takes none of them).
     let old_b = b.name().await;
+    let a_name = a.name().await;
+    a.control
+        .status_until("A lists B", |s| {
+            instance_names(s) == sorted([a_name.as_str(), old_b.as_str()])
+        })
+        .await;
     b.process.signal("KILL");
     assert_eq!(
         b.process.wait_exit(DEFAULT_TIMEOUT).await,
@@ -563,9 +573,46 @@ async fn an_instance_restarted_while_paused_comes_back_paused_with_the_drain_and
     );
     assert_eq!(m.get(PAUSED, &[]), Some(0.0));
 
+    // The killed B said nothing; it leaves the group's status once silent
+    // for three of its beats, and the two alive are listed, in step.
+    let b_name = b.name().await;
+    let alive = sorted([a_name.as_str(), b_name.as_str()]);
+    for (tag, instance) in [("A", &a), ("the new B", &b)] {
+        let status = instance
+            .control
+            .status_until(&format!("{tag} lists the live instances alone"), |s| {
+                instance_names(s) == alive
+                    && s["instances"]
+                        .as_array()
+                        .is_some_and(|l| l.iter().all(|i| i["in_step"] == true))
+            })
+            .await;
+        for listed in status["instances"].as_array().into_iter().flatten() {
+            assert!(listed["last_seen_at"].is_string(), "{listed}");
+        }
+    }
+
     a.stop().await;
     b.stop().await;
     delete_all_with_prefix(&p).await;
+}
+
+/// The instances a status lists, by name, sorted.
+fn instance_names(status: &Value) -> Vec<String> {
+    let mut names: Vec<String> = status["instances"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i["instance"].as_str().map(str::to_owned))
+        .collect();
+    names.sort();
+    names
+}
+
+fn sorted<const N: usize>(names: [&str; N]) -> Vec<String> {
+    let mut names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+    names.sort();
+    names
 }
 
 /// Retention trims the control stream's head, and with it the records

@@ -23,6 +23,10 @@ pub struct RawControl {
     /// `x-max-length-bytes` when switchyard declares the stream.
     #[serde(default = "default_control_max_bytes")]
     pub max_bytes: u64,
+    /// How often an instance says it is alive; one silent for three of
+    /// its own intervals leaves the status.
+    #[serde(default = "default_heartbeat_ms")]
+    pub heartbeat_ms: u64,
 }
 
 impl Default for RawControl {
@@ -31,6 +35,7 @@ impl Default for RawControl {
             enabled: true,
             stream: default_control_stream(),
             max_bytes: default_control_max_bytes(),
+            heartbeat_ms: default_heartbeat_ms(),
         }
     }
 }
@@ -47,6 +52,14 @@ fn default_control_max_bytes() -> u64 {
     64 << 20
 }
 
+fn default_heartbeat_ms() -> u64 {
+    10_000
+}
+
+/// The range of `heartbeat_ms`: often enough to notice an instance gone
+/// within minutes, seldom enough to add little to the stream.
+const HEARTBEAT_MS: std::ops::RangeInclusive<u64> = 100..=300_000;
+
 /// The smallest `max_bytes`: retention must always leave the newest
 /// snapshot (one every 500 records of a few hundred bytes, and a snapshot
 /// of up to `max_registrations` registrations) and what follows it.
@@ -61,6 +74,8 @@ pub struct Control {
     pub stream: String,
     /// `x-max-length-bytes` when switchyard declares it.
     pub max_bytes: u64,
+    /// How often this instance says it is alive.
+    pub heartbeat: std::time::Duration,
     /// Bearer tokens `/control` and `/registry` accept; empty: those
     /// paths answer 403 on this instance.
     pub tokens: Vec<String>,
@@ -140,6 +155,16 @@ pub(super) fn compile_control(
             ),
         ));
     }
+    if !HEARTBEAT_MS.contains(&raw.heartbeat_ms) {
+        return Err(InvalidKey::new(
+            "control.heartbeat_ms",
+            format!(
+                "must be {} to {} (5 minutes)",
+                HEARTBEAT_MS.start(),
+                HEARTBEAT_MS.end()
+            ),
+        ));
+    }
     if admin.max_registrations == 0 {
         return Err(InvalidKey::new(
             "admin.max_registrations",
@@ -156,6 +181,7 @@ pub(super) fn compile_control(
         broker: broker.clone(),
         stream: raw.stream.clone(),
         max_bytes: raw.max_bytes,
+        heartbeat: std::time::Duration::from_millis(raw.heartbeat_ms),
         tokens: admin.tokens.iter().map(|t| t.trim().to_owned()).collect(),
         max_registrations: usize::try_from(admin.max_registrations).unwrap_or(usize::MAX),
     }))

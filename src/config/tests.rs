@@ -734,6 +734,14 @@ fn sessions_leave_room_in_the_prefetch_time_out_and_use_two_headers() {
              never trims the newest snapshot of the group's state",
         ),
         (
+            with("[control]\nheartbeat_ms = 99"),
+            "test.toml: control.heartbeat_ms: must be 100 to 300000 (5 minutes)",
+        ),
+        (
+            with("[control]\nheartbeat_ms = 300001"),
+            "test.toml: control.heartbeat_ms: must be 100 to 300000 (5 minutes)",
+        ),
+        (
             with("[sessions]\nenabled = true\nend_header = \"session-id\""),
             "test.toml: sessions.end_header: is the same header as sessions.id_header; use two headers",
         ),

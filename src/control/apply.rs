@@ -2,7 +2,7 @@
 //! record changes it, saying which parts changed.
 
 use super::record::{Body, Record};
-use super::state::{GroupState, Since};
+use super::state::{GroupState, Seen, Since};
 
 /// Which parts of the state a record changed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -34,15 +34,33 @@ impl GroupState {
         if record.body.is_command() {
             self.offset = Some(offset);
         }
+        if let Some(seen) = self.instances.get_mut(&record.instance) {
+            seen.seen_at_ms = seen.seen_at_ms.max(record.at_ms);
+        }
         match &record.body {
             Body::Hello => {
                 let seen = self.instances.entry(record.instance.clone()).or_default();
                 seen.joined_at_ms = record.at_ms;
                 seen.joined = Some(offset);
+                seen.seen_at_ms = seen.seen_at_ms.max(record.at_ms);
                 self.forget_oldest_instances();
             }
             Body::Leave => {
                 self.instances.remove(&record.instance);
+            }
+            Body::Alive { heartbeat_ms } => {
+                // One forgotten while cut off comes back with its next beat.
+                let seen = self
+                    .instances
+                    .entry(record.instance.clone())
+                    .or_insert_with(|| Seen {
+                        joined_at_ms: record.at_ms,
+                        ..Seen::default()
+                    });
+                seen.seen_at_ms = seen.seen_at_ms.max(record.at_ms);
+                seen.heartbeat_ms = Some(*heartbeat_ms);
+                self.forget_silent_instances(&record.instance, *heartbeat_ms, record.at_ms);
+                self.forget_oldest_instances();
             }
             Body::Applied { offset } => {
                 let seen = self.instances.entry(record.instance.clone()).or_default();

@@ -9,7 +9,8 @@
 //! command taken on the admin endpoint is appended with a confirm and
 //! answered once this instance has read it back and applied it, so the
 //! answer tells the truth about the state. Every instance acknowledges
-//! each command with an `applied` record, which status shows.
+//! each command with an `applied` record, which status shows, and says it
+//! is alive every `heartbeat_ms`, so one killed leaves the status.
 
 use super::apply::Changed;
 use super::base::{Base, Step};
@@ -176,6 +177,11 @@ impl Group {
             background.clone(),
             self.inner.telemetry.clone(),
         );
+        let beating = (self.clone(), stop.clone(), settings.heartbeat);
+        background.spawn(async move {
+            let (group, stop, heartbeat) = beating;
+            group.beat(heartbeat, &stop).await;
+        });
         let group = self.clone();
         background.spawn(async move {
             *group.inner.stream.lock().await = Some(stream);
@@ -213,6 +219,16 @@ impl Group {
     }
 
     async fn append(&self, id: String, body: Body) -> Result<(), ControlStreamError> {
+        let bytes = self.record(id, body);
+        let mut stream = self.inner.stream.lock().await;
+        match stream.as_mut() {
+            Some(stream) => stream.append(&bytes).await,
+            None => Err(ControlStreamError::Cancelled),
+        }
+    }
+
+    /// A record of this instance saying `body`, as written.
+    fn record(&self, id: String, body: Body) -> Vec<u8> {
         let record = Record {
             group: self.inner.group.clone(),
             instance: self.inner.instance.clone(),
@@ -220,11 +236,41 @@ impl Group {
             at_ms: now_ms(),
             body,
         };
-        let bytes = serde_json::to_vec(&record).unwrap_or_default();
-        let mut stream = self.inner.stream.lock().await;
-        match stream.as_mut() {
-            Some(stream) => stream.append(&bytes).await,
-            None => Err(ControlStreamError::Cancelled),
+        serde_json::to_vec(&record).unwrap_or_default()
+    }
+
+    /// Says this instance is alive every `heartbeat` once it knows the
+    /// state, until `stop`. A beat that cannot be written is skipped: the
+    /// next says the same.
+    async fn beat(&self, heartbeat: Duration, stop: &CancellationToken) {
+        let heartbeat_ms = u64::try_from(heartbeat.as_millis()).unwrap_or(u64::MAX);
+        let mut recovered = self.inner.recovered.subscribe();
+        loop {
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => return,
+                _ = recovered.wait_for(|r| *r) => {}
+            }
+            let bytes = self.record(
+                uuid::Uuid::new_v4().to_string(),
+                Body::Alive { heartbeat_ms },
+            );
+            {
+                let mut stream = self.inner.stream.lock().await;
+                // Checked under the lock: the `leave` is written once
+                // stopped, and no beat may follow it.
+                if stop.is_cancelled() {
+                    return;
+                }
+                if let Some(stream) = stream.as_mut() {
+                    let _ = stream.append(&bytes).await;
+                }
+            }
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(heartbeat) => {}
+            }
         }
     }
 

@@ -31,6 +31,12 @@ pub enum Body {
     Hello,
     /// An instance stops (a clean shutdown): it leaves the status.
     Leave,
+    /// An instance is alive, and says so again within `heartbeat_ms`; one
+    /// silent for three of those leaves the status.
+    Alive {
+        /// How often it says so.
+        heartbeat_ms: u64,
+    },
     /// Stop taking new messages.
     Pause,
     /// Take new messages again.
@@ -75,7 +81,11 @@ impl Body {
     pub fn is_command(&self) -> bool {
         !matches!(
             self,
-            Self::Hello | Self::Leave | Self::Applied { .. } | Self::Snapshot { .. }
+            Self::Hello
+                | Self::Leave
+                | Self::Alive { .. }
+                | Self::Applied { .. }
+                | Self::Snapshot { .. }
         )
     }
 }

@@ -8,6 +8,9 @@ use std::collections::BTreeMap;
 
 /// Instances remembered in the state, at most (the most recently joined).
 const MAX_INSTANCES: usize = 64;
+/// How many of its own heartbeat intervals an instance may stay silent
+/// before the group takes it for gone.
+const SILENT_BEATS: u64 = 3;
 
 /// Who asked for something, and when.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -28,6 +31,12 @@ pub struct Seen {
     pub joined: Option<u64>,
     /// The offset of the last command it says it applied.
     pub applied: Option<u64>,
+    /// When it last wrote a record, unix milliseconds (its own clock).
+    #[serde(default)]
+    pub seen_at_ms: u64,
+    /// How often it says it is alive, once it has said so.
+    #[serde(default)]
+    pub heartbeat_ms: Option<u64>,
 }
 
 /// A service instance registered into a branch.
@@ -165,6 +174,23 @@ impl GroupState {
         removed
     }
 
+    /// Forgets every instance other than `by` silent for more than
+    /// [`SILENT_BEATS`] of its own heartbeats at `at_ms` (a killed one;
+    /// one that stopped cleanly said it leaves); one not heard beating yet
+    /// is judged by `by_beat_ms`, the beat of the record's writer. Judged
+    /// at a record's time, not a reader's clock, so every instance forgets
+    /// the same ones.
+    pub(super) fn forget_silent_instances(&mut self, by: &str, by_beat_ms: u64, at_ms: u64) {
+        self.instances.retain(|name, seen| {
+            let beat = seen.heartbeat_ms.unwrap_or(by_beat_ms);
+            name == by
+                || seen
+                    .seen_at_ms
+                    .saturating_add(beat.saturating_mul(SILENT_BEATS))
+                    >= at_ms
+        });
+    }
+
     pub(super) fn forget_oldest_instances(&mut self) {
         while self.instances.len() > MAX_INSTANCES {
             let oldest = self
@@ -273,5 +299,47 @@ mod tests {
             "a clean stop leaves the status"
         );
         assert_eq!(state.offset, Some(1));
+    }
+
+    #[test]
+    fn an_instance_silent_for_three_of_its_beats_is_forgotten_by_anothers_beat() {
+        let mut state = GroupState::default();
+        let alive = |beat| Body::Alive { heartbeat_ms: beat };
+        state.apply(0, &record("a", 0, Body::Hello), 0);
+        state.apply(1, &record("b", 0, Body::Hello), 0);
+        state.apply(2, &record("a", 10, alive(100)), 10);
+        state.apply(3, &record("b", 20, alive(1_000)), 20);
+        // a's last sign was at 10: silent 300 ms, three of its beats, is
+        // still there; b's beats stay known.
+        state.apply(4, &record("b", 310, alive(1_000)), 310);
+        assert!(state.instances.contains_key("a"));
+        assert_eq!(state.instances["a"].seen_at_ms, 10);
+        assert_eq!(state.instances["b"].heartbeat_ms, Some(1_000));
+        state.apply(5, &record("b", 311, alive(1_000)), 311);
+        assert!(!state.instances.contains_key("a"), "a was silent too long");
+        // b, on a slower beat, stays for three of its own beats, whatever
+        // a's were; any record of b's counts as a sign of life.
+        state.apply(6, &record("c", 900, Body::Hello), 900);
+        state.apply(7, &record("b", 2_000, Body::Applied { offset: 1 }), 2_000);
+        state.apply(8, &record("c", 5_000, alive(100)), 5_000);
+        assert_eq!(state.instances["b"].seen_at_ms, 2_000);
+        assert!(state.instances.contains_key("b"), "silent 3 s of 3 s");
+        state.apply(9, &record("c", 5_001, alive(100)), 5_001);
+        assert_eq!(state.instances.keys().collect::<Vec<_>>(), ["c"]);
+        // One forgotten while cut off comes back with its next beat.
+        state.apply(10, &record("a", 6_000, alive(100)), 6_000);
+        assert_eq!(state.instances["a"].joined_at_ms, 6_000);
+        assert_eq!(state.offset, None, "beats are no commands");
+    }
+
+    #[test]
+    fn one_killed_before_its_first_beat_is_judged_by_the_beat_of_who_forgets_it() {
+        let mut state = GroupState::default();
+        state.apply(0, &record("early", 0, Body::Hello), 0);
+        let alive = Body::Alive { heartbeat_ms: 100 };
+        state.apply(1, &record("a", 300, alive.clone()), 300);
+        assert!(state.instances.contains_key("early"));
+        state.apply(2, &record("a", 301, alive), 301);
+        assert_eq!(state.instances.keys().collect::<Vec<_>>(), ["a"]);
     }
 }

@@ -77,6 +77,7 @@ impl Steering {
                 json!({
                     "instance": name,
                     "joined_at": rfc3339(UNIX_EPOCH + Duration::from_millis(seen.joined_at_ms)),
+                    "last_seen_at": rfc3339(UNIX_EPOCH + Duration::from_millis(seen.seen_at_ms)),
                     "applied": seen.applied,
                     "in_step": state.in_step(seen),
                 })
