@@ -263,7 +263,12 @@ impl Group {
                     return;
                 }
                 if let Some(stream) = stream.as_mut() {
-                    let _ = stream.append(&bytes).await;
+                    // A beat the broker holds back (an alarm) does not hold
+                    // up the stop: what was sent still precedes the leave.
+                    tokio::select! {
+                        _ = stream.append(&bytes) => {}
+                        () = stop.cancelled() => return,
+                    }
                 }
             }
             tokio::select! {
