@@ -34,15 +34,11 @@ impl GroupState {
         if record.body.is_command() {
             self.offset = Some(offset);
         }
-        if let Some(seen) = self.instances.get_mut(&record.instance) {
-            seen.seen_at_ms = seen.seen_at_ms.max(record.at_ms);
-        }
         match &record.body {
             Body::Hello => {
                 let seen = self.instances.entry(record.instance.clone()).or_default();
                 seen.joined_at_ms = record.at_ms;
                 seen.joined = Some(offset);
-                seen.seen_at_ms = seen.seen_at_ms.max(record.at_ms);
                 self.forget_oldest_instances();
             }
             Body::Leave => {
@@ -57,7 +53,6 @@ impl GroupState {
                         joined_at_ms: record.at_ms,
                         ..Seen::default()
                     });
-                seen.seen_at_ms = seen.seen_at_ms.max(record.at_ms);
                 seen.heartbeat_ms = Some(*heartbeat_ms);
                 self.forget_silent_instances(&record.instance, *heartbeat_ms, record.at_ms);
                 self.forget_oldest_instances();
@@ -89,6 +84,10 @@ impl GroupState {
                 changed.registrations = self.remove(branch, name);
             }
             Body::Snapshot { .. } => {}
+        }
+        // Any record is a sign of life from its writer, if it is listed.
+        if let Some(seen) = self.instances.get_mut(&record.instance) {
+            seen.seen_at_ms = seen.seen_at_ms.max(record.at_ms);
         }
         changed
     }

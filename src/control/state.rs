@@ -325,9 +325,13 @@ mod tests {
         assert_eq!(state.instances["b"].seen_at_ms, 2_000);
         assert!(state.instances.contains_key("b"), "silent 3 s of 3 s");
         state.apply(9, &record("c", 5_001, alive(100)), 5_001);
+        // One that acks before it is listed is seen at its ack.
+        state.apply(10, &record("d", 5_002, Body::Applied { offset: 1 }), 5_002);
+        assert_eq!(state.instances["d"].seen_at_ms, 5_002);
+        state.instances.remove("d");
         assert_eq!(state.instances.keys().collect::<Vec<_>>(), ["c"]);
         // One forgotten while cut off comes back with its next beat.
-        state.apply(10, &record("a", 6_000, alive(100)), 6_000);
+        state.apply(11, &record("a", 6_000, alive(100)), 6_000);
         assert_eq!(state.instances["a"].joined_at_ms, 6_000);
         assert_eq!(state.offset, None, "beats are no commands");
     }
