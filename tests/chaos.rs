@@ -1043,9 +1043,10 @@ async fn node_fault(chaos: &Chaos, down: Duration, target: Target) {
     // Longer than a kill waits: every node fault must find traffic. A
     // forwarder that keeps up leaves nothing waiting; it is then paused
     // for a backlog too, so that the node is lost with messages flowing.
-    let traffic = match uses {
-        true => None,
-        false => Some(wait_for_traffic(chaos, BACKLOG_WAIT).await).filter(|(n, _)| *n > 0),
+    let traffic = if uses {
+        None
+    } else {
+        Some(wait_for_traffic(chaos, BACKLOG_WAIT).await).filter(|(n, _)| *n > 0)
     };
     let paused = traffic.is_none();
     let (waiting, load) = match traffic {

@@ -592,8 +592,22 @@ async fn an_instance_restarted_while_paused_comes_back_paused_with_the_drain_and
         }
     }
 
-    a.stop().await;
+    // A clean stop says it leaves, and no beat of it follows the leave
+    // (read once both have stopped: A's beats would keep the read going).
     b.stop().await;
+    a.stop().await;
+    let records = stream_read(&broker, &format!("{p}.control"), "first", u64::MAX).await;
+    let kinds: Vec<&str> = records
+        .iter()
+        .filter(|(_, r)| r["instance"] == b_name.as_str())
+        .filter_map(|(_, r)| r["kind"].as_str())
+        .collect();
+    assert_eq!(
+        kinds.last(),
+        Some(&"leave"),
+        "the new B's records: {kinds:?}"
+    );
+    assert!(kinds.contains(&"alive"), "the new B beat: {kinds:?}");
     delete_all_with_prefix(&p).await;
 }
 
@@ -697,15 +711,20 @@ async fn stream_offsets(broker: &TestBroker, stream: &str) -> (u64, u64) {
     let first = stream_read(broker, stream, "first", 1).await;
     // From the last chunk on, until nothing more comes.
     let last = stream_read(broker, stream, "last", u64::MAX).await;
-    match (first.first(), last.iter().max()) {
-        (Some(first), Some(last)) => (*first, *last),
+    match (first.first(), last.iter().map(|(offset, _)| offset).max()) {
+        (Some((first, _)), Some(last)) => (*first, *last),
         _ => panic!("{stream} holds no record"),
     }
 }
 
-/// The offsets of up to `most` records of `stream` read from `start`
-/// (`first` or `last`), ending once none comes for half a second.
-async fn stream_read(broker: &TestBroker, stream: &str, start: &str, most: u64) -> Vec<u64> {
+/// Up to `most` records of `stream` read from `start` (`first` or
+/// `last`), each with its offset, ending once none comes for half a second.
+async fn stream_read(
+    broker: &TestBroker,
+    stream: &str,
+    start: &str,
+    most: u64,
+) -> Vec<(u64, Value)> {
     let channel = broker.fresh_channel().await;
     channel
         .basic_qos(100, BasicQosOptions::default())
@@ -725,8 +744,8 @@ async fn stream_read(broker: &TestBroker, stream: &str, start: &str, most: u64) 
         )
         .await
         .unwrap_or_else(|e| panic!("consume {stream}: {e}"));
-    let mut offsets = Vec::new();
-    while (offsets.len() as u64) < most {
+    let mut records = Vec::new();
+    while (records.len() as u64) < most {
         let next = tokio::time::timeout(Duration::from_millis(500), consumer.next()).await;
         let Ok(Some(Ok(delivery))) = next else { break };
         let offset = delivery
@@ -735,11 +754,15 @@ async fn stream_read(broker: &TestBroker, stream: &str, start: &str, most: u64) 
             .as_ref()
             .and_then(|h| h.inner().get("x-stream-offset").cloned());
         match offset {
-            Some(AMQPValue::LongLongInt(n)) => offsets.push(n as u64),
+            Some(AMQPValue::LongLongInt(n)) => {
+                let record = serde_json::from_slice(&delivery.data)
+                    .unwrap_or_else(|e| panic!("a record that is not JSON ({e})"));
+                records.push((n as u64, record));
+            }
             other => panic!("a record without its offset: {other:?}"),
         }
         let _ = delivery.ack(BasicAckOptions::default()).await;
     }
     let _ = channel.close(200, "done".into()).await;
-    offsets
+    records
 }

@@ -177,11 +177,8 @@ impl Group {
             background.clone(),
             self.inner.telemetry.clone(),
         );
-        let beating = (self.clone(), stop.clone(), settings.heartbeat);
-        background.spawn(async move {
-            let (group, stop, heartbeat) = beating;
-            group.beat(heartbeat, &stop).await;
-        });
+        let (beating, beat_stop, heartbeat) = (self.clone(), stop.clone(), settings.heartbeat);
+        background.spawn(async move { beating.beat(heartbeat, &beat_stop).await });
         let group = self.clone();
         background.spawn(async move {
             *group.inner.stream.lock().await = Some(stream);
