@@ -5,8 +5,9 @@
 //! measures how deep they nest without recursing.
 
 pub use crate::amqp::value_text;
-use crate::amqp::{AmqpValue, FieldTable, Properties};
+use crate::amqp::{AmqpValue, FieldTable, Properties, short_text};
 use crate::wire::Annotations;
+use std::borrow::Cow;
 
 /// The deepest nesting of tables and arrays a message's headers may have to
 /// be forwarded. Real headers nest a handful of levels (`x-death` nests 3);
@@ -33,12 +34,13 @@ pub struct Envelope {
 }
 
 impl Envelope {
-    /// The message_id property, or `-` for logs when there is none.
-    pub fn message_id(&self) -> &str {
+    /// The message_id property, or `-` for logs when there is none; bytes
+    /// that are not UTF-8 written `\xNN` ([`short_text`]).
+    pub fn message_id(&self) -> Cow<'_, str> {
         self.properties
             .message_id()
             .as_ref()
-            .map_or("-", |id| id.as_str())
+            .map_or(Cow::Borrowed("-"), short_text)
     }
 
     /// How deep the headers nest: 0 without headers or with scalar values
@@ -76,11 +78,11 @@ impl Envelope {
         let Some(id) = self.properties.message_id() else {
             return format!("{branch}:content-{}", self.content_uuid());
         };
-        let id = id.as_str();
+        let id = short_text(id);
         let mut copy_id = String::with_capacity(branch.len() + 1 + id.len());
         copy_id.push_str(branch);
         copy_id.push(':');
-        copy_id.push_str(id);
+        copy_id.push_str(&id);
         copy_id
     }
 

@@ -1172,6 +1172,7 @@ async fn publish_poison(
         message_id: Some(id.to_string()),
         delivery_mode: Some(2),
         headers: vec![(POISON_HEADER.to_string(), encode::boolean(true))],
+        ..Default::default()
     };
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut sent = PoisonSent {

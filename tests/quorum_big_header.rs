@@ -500,6 +500,7 @@ fn plain(id: &str) -> RawProperties {
         message_id: Some(id.to_string()),
         delivery_mode: Some(2),
         headers: Vec::new(),
+        ..Default::default()
     }
 }
 

@@ -630,11 +630,13 @@ async fn raw_client_publishes_and_drains_poison_intact() {
         message_id: Some("m-deep".into()),
         delivery_mode: Some(2),
         headers: vec![("deep".into(), deep_value.clone())],
+        ..Default::default()
     };
     let mut big = RawProperties {
         message_id: Some("m-big".into()),
         delivery_mode: Some(2),
         headers: vec![("filler".into(), encode::long_string(b""))],
+        ..Default::default()
     };
     let target = raw.frame_max() as usize - 16;
     let filler = target - RawClient::header_frame_size(&big);

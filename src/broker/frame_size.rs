@@ -16,7 +16,7 @@ const HEADER_FIXED: usize = 2 + 2 + 8 + 2;
 /// Size in bytes of the content header frame carrying `properties`.
 pub fn content_header_frame(properties: &Properties) -> usize {
     let short =
-        |s: &Option<lapin::types::ShortString>| s.as_ref().map_or(0, |s| 1 + s.as_str().len());
+        |s: &Option<lapin::types::ShortString>| s.as_ref().map_or(0, |s| 1 + s.as_bytes().len());
     let mut size = FRAME_OVERHEAD + HEADER_FIXED;
     size += short(properties.content_type());
     size += short(properties.content_encoding());
@@ -42,7 +42,7 @@ pub fn table_size(table: &FieldTable) -> usize {
     let mut nested: Vec<&AmqpValue> = Vec::new();
     let mut size = 4;
     for (key, value) in table.inner() {
-        size += 1 + key.as_str().len() + value_size(value, &mut nested);
+        size += 1 + key.as_bytes().len() + value_size(value, &mut nested);
     }
     while let Some(container) = nested.pop() {
         match container {
@@ -53,7 +53,7 @@ pub fn table_size(table: &FieldTable) -> usize {
             }
             AmqpValue::FieldTable(inner) => {
                 for (key, value) in inner.inner() {
-                    size += 1 + key.as_str().len() + value_size(value, &mut nested);
+                    size += 1 + key.as_bytes().len() + value_size(value, &mut nested);
                 }
             }
             _ => {}
@@ -71,7 +71,7 @@ fn value_size<'a>(value: &'a AmqpValue, nested: &mut Vec<&'a AmqpValue>) -> usiz
         AmqpValue::LongInt(_) | AmqpValue::LongUInt(_) | AmqpValue::Float(_) => 4,
         AmqpValue::LongLongInt(_) | AmqpValue::Double(_) | AmqpValue::Timestamp(_) => 8,
         AmqpValue::DecimalValue(_) => 5,
-        AmqpValue::ShortString(s) => 1 + s.as_str().len(),
+        AmqpValue::ShortString(s) => 1 + s.as_bytes().len(),
         AmqpValue::LongString(s) => 4 + s.as_bytes().len(),
         AmqpValue::ByteArray(b) => 4 + b.as_slice().len(),
         AmqpValue::Void => 0,

@@ -16,7 +16,7 @@ use super::closing::close_channel;
 use super::connector::{ConnectError, Connector};
 use super::error::{BrokerError, code};
 use super::unreadable::{SingleFile, after_delivery, oversized_frame};
-use crate::amqp::FieldTable;
+use crate::amqp::{FieldTable, short_text};
 use crate::config::Inbound;
 use crate::destination::QueueType;
 use crate::envelope::Envelope;
@@ -327,8 +327,8 @@ impl InboundChannel {
             Annotations::read(&delivery.properties, delivery.redelivered, &self.reading);
         let envelope = Envelope {
             delivery_tag: tag,
-            exchange: delivery.exchange.to_string(),
-            routing_key: delivery.routing_key.to_string(),
+            exchange: short_text(&delivery.exchange).into_owned(),
+            routing_key: short_text(&delivery.routing_key).into_owned(),
             redelivered: delivery.redelivered,
             properties: delivery.properties,
             body: delivery.data,

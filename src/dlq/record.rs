@@ -10,7 +10,7 @@
 //! other, `x-switchyard-*` headers are a producer's: their names are shown
 //! as such, their values never taken for the forwarder's.
 
-use crate::amqp::{AmqpValue, FieldArray, FieldTable, Properties};
+use crate::amqp::{AmqpValue, FieldArray, FieldTable, Properties, short_text};
 use crate::envelope::{Envelope, value_text};
 use crate::routing::RoutingTable;
 use crate::wire::{self, Kind, Trust};
@@ -166,7 +166,7 @@ impl Record {
                 .properties
                 .message_id()
                 .as_ref()
-                .map(|m| m.to_string()),
+                .map(|m| short_text(m).into_owned()),
             reason: reason.or_else(|| {
                 newest
                     .and_then(|d| d.reason.as_deref())

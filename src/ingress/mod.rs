@@ -112,7 +112,7 @@ impl Ingress {
             Ok(read) => read,
             Err(r) => return (Answer::refused(r.status, &r.reason), None),
         };
-        let message_id = envelope.message_id().to_owned();
+        let message_id = envelope.message_id().into_owned();
         let answer = self.deliver(envelope, keyed, permit, deadline).await;
         (answer, Some(message_id))
     }
@@ -169,7 +169,7 @@ impl Ingress {
         permit: OwnedSemaphorePermit,
         deadline: Instant,
     ) -> Answer {
-        let id = envelope.message_id().to_owned();
+        let id = envelope.message_id().into_owned();
         let (ticket, skip) = if keyed {
             match self.claim(&id, envelope.content_uuid(), deadline).await {
                 Ok((ticket, skip)) => (Some(ticket), skip),

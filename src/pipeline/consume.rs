@@ -28,6 +28,7 @@ use super::live::Live;
 use super::outcome::Verdict;
 use super::record;
 use super::sessions::{self, Sessions};
+use crate::amqp::short_text;
 use crate::backoff::Backoff;
 use crate::broker::{
     ConnectError, ConsumeError, InboundChannel, Receipt, SingleFile, open_inbound,
@@ -398,15 +399,15 @@ impl Consumer {
         let telemetry = &consumer.telemetry;
         telemetry.consumed();
         if !envelope.annotations.ignored.is_empty() {
-            let user_id = envelope.properties.user_id().as_ref().map(|u| u.as_str());
+            let user_id = envelope.properties.user_id().as_ref().map(short_text);
             telemetry.untrusted_headers(
-                envelope.message_id(),
-                user_id,
+                &envelope.message_id(),
+                user_id.as_deref(),
                 envelope.annotations.ignored,
             );
         }
         if envelope.annotations.trace.malformed {
-            telemetry.trace_context_malformed(envelope.message_id());
+            telemetry.trace_context_malformed(&envelope.message_id());
         }
         let envelope = Arc::new(envelope);
         let received_at = SystemTime::now();

@@ -5,6 +5,7 @@
 //! Nothing here waits: each takes the entry or counts it dropped.
 
 use super::outcome::{BranchOutcome, Outcome, Verdict};
+use crate::amqp::short_text;
 use crate::config::Settings;
 use crate::envelope::Envelope;
 use crate::errors::one_line_text;
@@ -161,7 +162,7 @@ pub(crate) fn entry(
         .properties
         .message_id()
         .as_ref()
-        .map(|id| id.as_str().to_owned());
+        .map(|id| short_text(id).into_owned());
     Entry {
         content: message_id.is_none().then(|| envelope.content_uuid()),
         message_id,

@@ -106,7 +106,7 @@ impl Screen {
 fn identity(envelope: &Envelope) -> u64 {
     let mut hasher = DefaultHasher::new();
     match envelope.properties.message_id() {
-        Some(id) => id.as_str().hash(&mut hasher),
+        Some(id) => id.as_bytes().hash(&mut hasher),
         None => {
             envelope.routing_key.hash(&mut hasher);
             envelope.body.hash(&mut hasher);

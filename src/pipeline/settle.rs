@@ -102,7 +102,7 @@ impl Settler {
                     None
                 }
                 Verdict::Abandon => {
-                    telemetry.abandoned(envelope.message_id());
+                    telemetry.abandoned(&envelope.message_id());
                     None
                 }
                 Verdict::DeadLetter { ref cause, .. } => {
@@ -144,7 +144,7 @@ impl Settler {
             let id = envelope.message_id();
             let failed: Vec<&str> = l.verdict.failed().collect();
             let delivered: Vec<&str> = l.verdict.delivered().collect();
-            telemetry.dead_lettered(id, reason, &l.error, &failed, &delivered, how);
+            telemetry.dead_lettered(&id, reason, &l.error, &failed, &delivered, how);
             if republished {
                 receipt.ack();
             } else {
@@ -235,7 +235,7 @@ async fn publish_dead_letter(
             // Alone once, at once; a suspect again alone waits like any failure.
             Err(e) if e.is_suspect() && mode == Mode::Normal => mode = Mode::Alone,
             Err(PublishFailure::Rejected(why)) if Arc::ptr_eq(&copy, envelope) => {
-                telemetry.dead_letter_reduced(message_id, reason, &why);
+                telemetry.dead_letter_reduced(&message_id, reason, &why);
                 let removed = envelope.headers().map_or(0, |h| h.inner().len());
                 extra.push((
                     wire::REMOVED_HEADERS.into(),
@@ -246,7 +246,7 @@ async fn publish_dead_letter(
             }
             Err(e) => {
                 let delay = backoff.next_delay();
-                telemetry.dead_letter_retry(message_id, reason, &e, delay);
+                telemetry.dead_letter_retry(&message_id, reason, &e, delay);
                 mode = Mode::Normal;
                 tokio::select! {
                     () = receipt.lost().cancelled() => return false,

@@ -120,7 +120,7 @@ impl Publish for Script {
     ) -> Attempt {
         let call = Call {
             endpoint: endpoint.name.clone(),
-            message_id: envelope.message_id().to_owned(),
+            message_id: envelope.message_id().into_owned(),
             replay: extra.iter().any(|(name, _)| name.as_str() == wire::REPLAY),
             mode,
             extra,

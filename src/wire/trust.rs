@@ -34,7 +34,7 @@ impl Trust {
         properties
             .user_id()
             .as_ref()
-            .is_some_and(|id| self.users.iter().any(|u| u == id.as_str()))
+            .is_some_and(|id| self.users.iter().any(|u| u.as_bytes() == id.as_bytes()))
     }
 
     /// The trusted users, in configuration order.

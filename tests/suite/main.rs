@@ -20,6 +20,9 @@ mod admin;
 #[path = "../alarms.rs"]
 mod alarms;
 
+#[path = "../any_bytes.rs"]
+mod any_bytes;
+
 #[path = "../architecture.rs"]
 mod architecture;
 

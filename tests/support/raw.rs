@@ -60,9 +60,39 @@ pub struct RawMessage {
     pub headers: Option<Vec<u8>>,
     /// The payload.
     pub body: Vec<u8>,
+    /// Every short-string property, as the bytes that came.
+    pub short: Vec<(Short, Vec<u8>)>,
 }
 
 impl RawMessage {
+    /// Short-string property `which`, as the bytes that came.
+    pub fn short(&self, which: Short) -> Option<&[u8]> {
+        self.short
+            .iter()
+            .find(|(s, _)| *s == which)
+            .map(|(_, b)| b.as_slice())
+    }
+
+    /// The top-level header keys, as the bytes that came.
+    pub fn header_keys(&self) -> Vec<Vec<u8>> {
+        let Some(table) = &self.headers else {
+            return Vec::new();
+        };
+        let mut r = Reader::new(table);
+        let mut keys = Vec::new();
+        while !r.done() {
+            let n = r.u8().unwrap_or_else(|e| panic!("header key: {e}")) as usize;
+            keys.push(
+                r.take(n)
+                    .unwrap_or_else(|e| panic!("header key: {e}"))
+                    .to_vec(),
+            );
+            r.skip_value()
+                .unwrap_or_else(|e| panic!("header value: {e}"));
+        }
+        keys
+    }
+
     /// Top-level header entries: each key with its value's encoding (type
     /// byte then value). Nested tables are not decoded.
     pub fn header_entries(&self) -> Vec<(String, Vec<u8>)> {
@@ -90,6 +120,40 @@ impl RawMessage {
     }
 }
 
+/// A short-string property, numbered by its bit in the property flags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Short {
+    ContentType = 15,
+    ContentEncoding = 14,
+    CorrelationId = 10,
+    ReplyTo = 9,
+    Expiration = 8,
+    MessageId = 7,
+    Type = 5,
+    UserId = 4,
+    AppId = 3,
+    ClusterId = 2,
+}
+
+impl Short {
+    fn of_bit(bit: u8) -> Option<Self> {
+        [
+            Self::ContentType,
+            Self::ContentEncoding,
+            Self::CorrelationId,
+            Self::ReplyTo,
+            Self::Expiration,
+            Self::MessageId,
+            Self::Type,
+            Self::UserId,
+            Self::AppId,
+            Self::ClusterId,
+        ]
+        .into_iter()
+        .find(|s| *s as u8 == bit)
+    }
+}
+
 /// Properties of a message published with [`RawClient::publish`].
 #[derive(Debug, Clone, Default)]
 pub struct RawProperties {
@@ -99,27 +163,49 @@ pub struct RawProperties {
     pub delivery_mode: Option<u8>,
     /// Top-level header entries: key and encoded value (see [`encode`]).
     pub headers: Vec<(String, Vec<u8>)>,
+    /// More short-string properties, as bytes (UTF-8 or not); one given
+    /// here wins over `message_id`.
+    pub short: Vec<(Short, Vec<u8>)>,
+    /// More top-level header entries, after `headers`, whose keys are
+    /// bytes (UTF-8 or not).
+    pub raw_headers: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 impl RawProperties {
     /// The content header's property flags and property list.
     pub fn encode(&self) -> Vec<u8> {
-        let mut flags: u16 = 0;
-        let mut list = Vec::new();
-        if !self.headers.is_empty() {
-            flags |= 1 << 13;
-            list.extend(encode::table(&self.headers));
+        // Each property present, by its flag bit, encoded.
+        let mut present: Vec<(u8, Vec<u8>)> = Vec::new();
+        for (which, bytes) in &self.short {
+            let mut encoded = Vec::new();
+            put_short_bytes(&mut encoded, bytes);
+            present.push((*which as u8, encoded));
+        }
+        if let Some(id) = &self.message_id
+            && !self.short.iter().any(|(s, _)| *s == Short::MessageId)
+        {
+            let mut encoded = Vec::new();
+            put_shortstr(&mut encoded, id);
+            present.push((Short::MessageId as u8, encoded));
+        }
+        if !self.headers.is_empty() || !self.raw_headers.is_empty() {
+            let mut entries: Vec<(Vec<u8>, Vec<u8>)> = self
+                .headers
+                .iter()
+                .map(|(k, v)| (k.as_bytes().to_vec(), v.clone()))
+                .collect();
+            entries.extend(self.raw_headers.iter().cloned());
+            present.push((13, encode::table(&entries)));
         }
         if let Some(mode) = self.delivery_mode {
-            flags |= 1 << 12;
-            list.push(mode);
+            present.push((12, vec![mode]));
         }
-        if let Some(id) = &self.message_id {
-            flags |= 1 << 7;
-            put_shortstr(&mut list, id);
-        }
+        present.sort_by_key(|(bit, _)| std::cmp::Reverse(*bit));
+        let flags = present.iter().fold(0u16, |f, (bit, _)| f | 1 << bit);
         let mut out = flags.to_be_bytes().to_vec();
-        out.extend(list);
+        for (_, encoded) in present {
+            out.extend(encoded);
+        }
         out
     }
 }
@@ -127,10 +213,10 @@ impl RawProperties {
 /// Encoders for header values (type byte then value).
 pub mod encode {
     /// A table: `u32` length then the entries.
-    pub fn table(entries: &[(String, Vec<u8>)]) -> Vec<u8> {
+    pub fn table<K: AsRef<[u8]>>(entries: &[(K, Vec<u8>)]) -> Vec<u8> {
         let mut content = Vec::new();
         for (key, value) in entries {
-            super::put_shortstr(&mut content, key);
+            super::put_short_bytes(&mut content, key.as_ref());
             content.extend(value);
         }
         let mut out = (content.len() as u32).to_be_bytes().to_vec();
@@ -161,7 +247,7 @@ pub mod encode {
     /// A table value nested `depth` levels deep: `{key: {key: ... {}}}`,
     /// built from the inside out without recursion.
     pub fn nested_table_value(key: &str, depth: usize) -> Vec<u8> {
-        let mut inner = table(&[]);
+        let mut inner = table::<String>(&[]);
         for _ in 1..depth {
             let mut entry = Vec::with_capacity(inner.len() + key.len() + 6);
             super::put_shortstr(&mut entry, key);
@@ -177,8 +263,11 @@ pub mod encode {
 }
 
 fn put_shortstr(out: &mut Vec<u8>, s: &str) {
-    let bytes = s.as_bytes();
-    assert!(bytes.len() < 256, "short string too long: {s}");
+    put_short_bytes(out, s.as_bytes());
+}
+
+fn put_short_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    assert!(bytes.len() < 256, "short string too long: {bytes:?}");
     out.push(bytes.len() as u8);
     out.extend(bytes);
 }
@@ -409,7 +498,7 @@ impl RawClient {
         declare.extend(0u16.to_be_bytes());
         put_shortstr(&mut declare, queue);
         declare.push(1); // passive
-        declare.extend(encode::table(&[]));
+        declare.extend(encode::table::<String>(&[]));
         self.send_method(1, 50, 10, &declare).await?;
         let ok = self.expect_method(1, 50, 11).await?;
         let mut r = Reader::new(&ok);
@@ -430,7 +519,7 @@ impl RawClient {
         put_shortstr(&mut consume, queue);
         put_shortstr(&mut consume, "sy-raw-drain");
         consume.push(0b10); // no-ack
-        consume.extend(encode::table(&[]));
+        consume.extend(encode::table::<String>(&[]));
         self.send_method(1, CLASS_BASIC, 20, &consume).await?;
         self.expect_method(1, CLASS_BASIC, 21).await?;
         while out.len() < count as usize {
@@ -579,8 +668,9 @@ impl RawClient {
             delivery_mode: None,
             headers: None,
             body: Vec::with_capacity(size),
+            short: Vec::new(),
         };
-        for bit in (2..16).rev() {
+        for bit in (2u8..16).rev() {
             if flags & (1 << bit) == 0 {
                 continue;
             }
@@ -590,12 +680,18 @@ impl RawClient {
                 11 => {
                     r.u8()?;
                 }
-                7 => msg.message_id = Some(r.shortstr()?),
                 6 => {
                     r.u64()?;
                 }
                 _ => {
-                    r.shortstr()?;
+                    let n = r.u8()? as usize;
+                    let bytes = r.take(n)?.to_vec();
+                    if bit == 7 {
+                        msg.message_id = Some(String::from_utf8_lossy(&bytes).into_owned());
+                    }
+                    if let Some(which) = Short::of_bit(bit) {
+                        msg.short.push((which, bytes));
+                    }
                 }
             }
         }

@@ -161,6 +161,7 @@ impl BranchRun {
             return self.delivered_here();
         };
         let message_id = run[newest].message_id();
+        let message_id: &str = &message_id;
         let telemetry = &walk.engine.telemetry;
         let mut first = first;
         let mut hold: Option<Hold> = None;
@@ -399,7 +400,7 @@ impl BranchRun {
                 && !walk.lost.is_cancelled()
             {
                 telemetry.isolating(
-                    envelope.message_id(),
+                    &envelope.message_id(),
                     &self.plan.name,
                     &endpoint.name,
                     error,
@@ -414,7 +415,7 @@ impl BranchRun {
             self.tried(endpoint, index, replay, (span, started), &sent);
             sent?;
             self.confirmed_here += 1;
-            telemetry.forwarded(envelope.message_id(), &self.plan.name, &endpoint.name);
+            telemetry.forwarded(&envelope.message_id(), &self.plan.name, &endpoint.name);
             if replay {
                 telemetry.replayed(&self.plan.name, &endpoint.name);
             }

@@ -105,7 +105,7 @@ impl Sessions {
         ago: Duration,
     ) {
         self.telemetry
-            .session_closed_arrival(&id, arrival.envelope.message_id(), ago);
+            .session_closed_arrival(&id, &arrival.envelope.message_id(), ago);
         let Arrival {
             envelope,
             receipt,

@@ -230,7 +230,7 @@ impl<T: Item> SessionSet<T> {
         if self.when_full == WhenFull::Refuse {
             return Placed::Full(item, config.max_open);
         }
-        let message_id = item.envelope().message_id().to_owned();
+        let message_id = item.envelope().message_id().into_owned();
         self.telemetry
             .session_waiting(&id, &message_id, registry.open.len());
         registry.waiting.push_back(id.clone());
@@ -258,7 +258,7 @@ impl<T: Item> SessionSet<T> {
         let (feed, receiver) = mpsc::unbounded_channel();
         let lost = first.lost().cloned();
         self.telemetry
-            .session_opened(&id, first.envelope().message_id());
+            .session_opened(&id, &first.envelope().message_id());
         for item in items {
             // The receiver is alive: it is handed to the task below.
             let _ = feed.send(item);

@@ -328,7 +328,7 @@ impl SessionTask {
             let verdict = Verdict::barred(Barred::SessionEnded { id: id.clone() });
             self.telemetry.session_closed_arrival(
                 id,
-                arrival.envelope.message_id(),
+                &arrival.envelope.message_id(),
                 std::time::Duration::ZERO,
             );
             let said = record::said(&verdict);

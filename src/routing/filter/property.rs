@@ -2,7 +2,7 @@
 //! configuration gives them.
 
 use super::value::ValueTest;
-use crate::amqp::ShortString;
+use crate::amqp::{ShortString, short_text};
 use crate::envelope::Envelope;
 
 /// The AMQP properties a `property` filter can test.
@@ -64,7 +64,7 @@ impl Property {
 
     pub(super) fn test(self, envelope: &Envelope, test: &ValueTest) -> bool {
         let p = &envelope.properties;
-        let text = |s: &Option<ShortString>| s.as_ref().is_some_and(|s| test.text(s.as_str()));
+        let text = |s: &Option<ShortString>| s.as_ref().is_some_and(|s| test.text(&short_text(s)));
         match self {
             Self::ContentType => text(p.content_type()),
             Self::ContentEncoding => text(p.content_encoding()),

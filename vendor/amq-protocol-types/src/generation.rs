@@ -41,7 +41,7 @@ pub fn gen_raw_value<'a, W: Write + BackToTheBuffer + 'a>(
         AMQPValue::Float(f) => gen_float(f)(x),
         AMQPValue::Double(d) => gen_double(d)(x),
         AMQPValue::DecimalValue(d) => gen_decimal_value(d)(x),
-        AMQPValue::ShortString(ref s) => gen_short_string(s.as_str())(x),
+        AMQPValue::ShortString(ref s) => gen_short_string_bytes(s.as_bytes())(x),
         AMQPValue::LongString(ref s) => gen_long_string(s.as_bytes())(x),
         AMQPValue::FieldArray(ref a) => gen_field_array(a)(x),
         AMQPValue::Timestamp(t) => gen_timestamp(t)(x),
@@ -146,14 +146,18 @@ pub fn gen_decimal_value<W: Write>(d: DecimalValue) -> impl SerializeFn<W> {
 /// Generate the [ShortString](../type.ShortString.html) in the given buffer (x)
 #[must_use]
 pub fn gen_short_string<'a, W: Write + 'a>(s: &'a str) -> impl SerializeFn<W> + 'a {
+    gen_short_string_bytes(s.as_bytes())
+}
+
+/// Generate a [ShortString](../type.ShortString.html) from its bytes (see
+/// `ShortString::as_bytes`) in the given buffer (x)
+#[must_use]
+pub fn gen_short_string_bytes<'a, W: Write + 'a>(s: &'a [u8]) -> impl SerializeFn<W> + 'a {
     debug_assert!(
         s.len() <= ShortShortUInt::MAX as usize,
         "short string exceeds 255 bytes"
     );
-    pair(
-        gen_short_short_uint(s.len() as ShortShortUInt),
-        slice(s.as_bytes()),
-    )
+    pair(gen_short_short_uint(s.len() as ShortShortUInt), slice(s))
 }
 
 /// Generate the [LongString](../type.LongString.html) in the given buffer (x)
@@ -190,7 +194,7 @@ pub fn gen_field_table<'a, W: Write + BackToTheBuffer + 'a>(
 fn gen_field_entry<'a, W: Write + BackToTheBuffer + 'a>(
     e: (&'a ShortString, &'a AMQPValue),
 ) -> impl SerializeFn<W> + 'a {
-    pair(gen_short_string(e.0.as_str()), gen_value(e.1))
+    pair(gen_short_string_bytes(e.0.as_bytes()), gen_value(e.1))
 }
 
 /// Generate the [ByteArray](../type.ByteArray.html) in the given buffer (x)

@@ -2,7 +2,7 @@ use crate::{flags::*, types::*, value::*};
 use nom::{
     self, Parser,
     bytes::streaming::take,
-    combinator::{all_consuming, complete, flat_map, map, map_opt, map_parser, map_res},
+    combinator::{all_consuming, complete, flat_map, map, map_opt, map_parser},
     error::{ContextError, ErrorKind, ParseError, context},
     multi::fold_many0,
     number::streaming::{
@@ -215,18 +215,15 @@ pub fn parse_decimal_value<I: ParsableInput>(i: I) -> ParserResult<I, DecimalVal
     .parse(i)
 }
 
-fn make_str<I: Input<Item = u8>>(i: I) -> Result<String, std::string::FromUtf8Error> {
-    String::from_utf8(i.iter_elements().collect())
-}
-
-/// Parse a [ShortString](../type.ShortString.html)
+/// Parse a [ShortString](../type.ShortString.html): bytes that are not
+/// UTF-8 are kept as they came rather than failing the parse (RabbitMQ
+/// passes them through, and a failed parse costs the whole connection).
 pub fn parse_short_string<I: ParsableInput>(i: I) -> ParserResult<I, ShortString> {
     context(
         "parse_short_string",
-        map(
-            map_res(flat_map(parse_short_short_uint, take), make_str),
-            ShortString::from,
-        ),
+        map(flat_map(parse_short_short_uint, take), |i: I| {
+            ShortString::from_utf8_or_raw(i.iter_elements().collect())
+        }),
     )
     .parse(i)
 }
@@ -484,6 +481,25 @@ mod test {
             parse_short_string(&[4, 116, 101, 115, 116][..]),
             Ok((EMPTY, "test".into()))
         );
+    }
+
+    #[test]
+    fn test_parse_short_string_not_utf8_keeps_its_bytes() {
+        let (rest, s) = parse_short_string(&[5, b'b', b'a', b'd', b'-', 0xff][..]).unwrap();
+        assert_eq!(rest, EMPTY);
+        assert_eq!(s.as_bytes(), b"bad-\xff");
+        assert_eq!(s.as_str(), "bad-\u{fffd}");
+        assert!(!s.is_utf8());
+        assert_ne!(s, ShortString::from("bad-\u{fffd}"));
+        let mut table = FieldTable::default();
+        table.insert(s.clone(), AMQPValue::Boolean(true));
+        table.insert("ok".into(), AMQPValue::Boolean(false));
+        let (buf, _) =
+            cookie_factory::r#gen(crate::generation::gen_field_table(&table), Vec::new()).unwrap();
+        let (_, back) = parse_field_table(&buf[..]).unwrap();
+        assert_eq!(back, table);
+        assert!(back.contains_key("ok"));
+        assert_eq!(back.inner().keys().next().map(ShortString::as_bytes), Some(&b"bad-\xff"[..]));
     }
 
     #[test]

@@ -167,9 +167,20 @@ impl fmt::Display for ShortStringError {
 
 impl std::error::Error for ShortStringError {}
 
-/// A String (deprecated)
-#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize)]
-pub struct ShortString(String);
+/// A short string: up to 255 bytes, which the specification says are
+/// UTF-8 and which RabbitMQ passes through whatever they are.
+///
+/// Bytes that are not UTF-8 are kept as they came ([`ShortString::as_bytes`],
+/// and what is written back to the wire), beside a text form with each
+/// invalid sequence replaced by U+FFFD ([`ShortString::as_str`]).
+/// Equality is that of the bytes; the order is that of the text form, then
+/// of the bytes, so that a [`FieldTable`] stays searchable by `&str`.
+#[derive(Clone, Debug, Default)]
+pub struct ShortString {
+    text: String,
+    /// The bytes as they came, when they are not UTF-8.
+    raw: Option<Box<[u8]>>,
+}
 /// A String
 #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize)]
 pub struct LongString(Vec<u8>);
@@ -193,10 +204,26 @@ pub struct DecimalValue {
 }
 
 impl ShortString {
-    /// Get a reference to a ShortString as &str
+    /// Get a reference to a ShortString as &str: its text, with any
+    /// sequence that is not UTF-8 replaced by U+FFFD.
     #[must_use]
     pub fn as_str(&self) -> &str {
-        self.0.as_str()
+        self.text.as_str()
+    }
+
+    /// The bytes as they came (or were given): what is written to the wire.
+    #[must_use]
+    pub fn as_bytes(&self) -> &[u8] {
+        match &self.raw {
+            Some(raw) => raw,
+            None => self.text.as_bytes(),
+        }
+    }
+
+    /// Whether the bytes are UTF-8, so that [`ShortString::as_str`] is them.
+    #[must_use]
+    pub fn is_utf8(&self) -> bool {
+        self.raw.is_none()
     }
 
     /// Fallibly construct a [ShortString], returning an error if the string exceeds [MAX_SHORT_STRING_LENGTH] bytes
@@ -205,7 +232,73 @@ impl ShortString {
         if s.len() > MAX_SHORT_STRING_LENGTH {
             return Err(ShortStringError(s.len()));
         }
-        Ok(Self(s))
+        Ok(Self { text: s, raw: None })
+    }
+
+    /// Construct a [ShortString] from bytes that may not be UTF-8, returning
+    /// an error if they exceed [MAX_SHORT_STRING_LENGTH]
+    pub fn try_from_bytes(bytes: impl Into<Vec<u8>>) -> Result<Self, ShortStringError> {
+        let bytes = bytes.into();
+        if bytes.len() > MAX_SHORT_STRING_LENGTH {
+            return Err(ShortStringError(bytes.len()));
+        }
+        Ok(Self::from_utf8_or_raw(bytes))
+    }
+
+    /// The text of `bytes`, kept as they are when they are not UTF-8.
+    pub(crate) fn from_utf8_or_raw(bytes: Vec<u8>) -> Self {
+        match String::from_utf8(bytes) {
+            Ok(text) => Self { text, raw: None },
+            Err(error) => {
+                let raw = error.into_bytes();
+                Self {
+                    text: String::from_utf8_lossy(&raw).into_owned(),
+                    raw: Some(raw.into_boxed_slice()),
+                }
+            }
+        }
+    }
+}
+
+impl PartialEq for ShortString {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl Eq for ShortString {}
+
+impl PartialOrd for ShortString {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ShortString {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.text
+            .cmp(&other.text)
+            .then_with(|| self.as_bytes().cmp(other.as_bytes()))
+    }
+}
+
+impl std::hash::Hash for ShortString {
+    // The text alone, as `str` hashes it: equal bytes have equal text, and
+    // a lookup by `&str` (through `Borrow`) hashes the same.
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.text.hash(state);
+    }
+}
+
+impl Serialize for ShortString {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.text.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for ShortString {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        String::deserialize(deserializer).map(|text| Self { text, raw: None })
     }
 }
 
@@ -223,19 +316,19 @@ impl From<&str> for ShortString {
 
 impl borrow::Borrow<str> for ShortString {
     fn borrow(&self) -> &str {
-        self.0.borrow()
+        self.text.borrow()
     }
 }
 
 impl fmt::Display for ShortString {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
+        self.text.fmt(f)
     }
 }
 
 impl From<ShortString> for String {
     fn from(value: ShortString) -> Self {
-        value.0
+        value.text
     }
 }
 

@@ -691,8 +691,8 @@ pub mod basic {
             flags.add_flag("nowait".to_string(), method.nowait);
             input = gen_id(20)(input)?;
             input = gen_short_uint(0)(input)?;
-            input = gen_short_string(method.queue.as_str())(input)?;
-            input = gen_short_string(method.consumer_tag.as_str())(input)?;
+            input = gen_short_string_bytes(method.queue.as_bytes())(input)?;
+            input = gen_short_string_bytes(method.consumer_tag.as_bytes())(input)?;
             input = gen_flags(&flags)(input)?;
             input = gen_field_table(&method.arguments)(input)?;
             Ok(input)
@@ -732,7 +732,7 @@ pub mod basic {
     ) -> impl SerializeFn<W> + 'a {
         move |mut input| {
             input = gen_id(21)(input)?;
-            input = gen_short_string(method.consumer_tag.as_str())(input)?;
+            input = gen_short_string_bytes(method.consumer_tag.as_bytes())(input)?;
             Ok(input)
         }
     }
@@ -781,7 +781,7 @@ pub mod basic {
             let mut flags = AMQPFlags::default();
             flags.add_flag("nowait".to_string(), method.nowait);
             input = gen_id(30)(input)?;
-            input = gen_short_string(method.consumer_tag.as_str())(input)?;
+            input = gen_short_string_bytes(method.consumer_tag.as_bytes())(input)?;
             input = gen_flags(&flags)(input)?;
             Ok(input)
         }
@@ -820,7 +820,7 @@ pub mod basic {
     ) -> impl SerializeFn<W> + 'a {
         move |mut input| {
             input = gen_id(31)(input)?;
-            input = gen_short_string(method.consumer_tag.as_str())(input)?;
+            input = gen_short_string_bytes(method.consumer_tag.as_bytes())(input)?;
             Ok(input)
         }
     }
@@ -879,8 +879,8 @@ pub mod basic {
             flags.add_flag("immediate".to_string(), method.immediate);
             input = gen_id(40)(input)?;
             input = gen_short_uint(0)(input)?;
-            input = gen_short_string(method.exchange.as_str())(input)?;
-            input = gen_short_string(method.routing_key.as_str())(input)?;
+            input = gen_short_string_bytes(method.exchange.as_bytes())(input)?;
+            input = gen_short_string_bytes(method.routing_key.as_bytes())(input)?;
             input = gen_flags(&flags)(input)?;
             Ok(input)
         }
@@ -937,9 +937,9 @@ pub mod basic {
         move |mut input| {
             input = gen_id(50)(input)?;
             input = gen_short_uint(method.reply_code)(input)?;
-            input = gen_short_string(method.reply_text.as_str())(input)?;
-            input = gen_short_string(method.exchange.as_str())(input)?;
-            input = gen_short_string(method.routing_key.as_str())(input)?;
+            input = gen_short_string_bytes(method.reply_text.as_bytes())(input)?;
+            input = gen_short_string_bytes(method.exchange.as_bytes())(input)?;
+            input = gen_short_string_bytes(method.routing_key.as_bytes())(input)?;
             Ok(input)
         }
     }
@@ -1000,11 +1000,11 @@ pub mod basic {
             let mut flags = AMQPFlags::default();
             flags.add_flag("redelivered".to_string(), method.redelivered);
             input = gen_id(60)(input)?;
-            input = gen_short_string(method.consumer_tag.as_str())(input)?;
+            input = gen_short_string_bytes(method.consumer_tag.as_bytes())(input)?;
             input = gen_long_long_uint(method.delivery_tag)(input)?;
             input = gen_flags(&flags)(input)?;
-            input = gen_short_string(method.exchange.as_str())(input)?;
-            input = gen_short_string(method.routing_key.as_str())(input)?;
+            input = gen_short_string_bytes(method.exchange.as_bytes())(input)?;
+            input = gen_short_string_bytes(method.routing_key.as_bytes())(input)?;
             Ok(input)
         }
     }
@@ -1055,7 +1055,7 @@ pub mod basic {
             flags.add_flag("no_ack".to_string(), method.no_ack);
             input = gen_id(70)(input)?;
             input = gen_short_uint(0)(input)?;
-            input = gen_short_string(method.queue.as_str())(input)?;
+            input = gen_short_string_bytes(method.queue.as_bytes())(input)?;
             input = gen_flags(&flags)(input)?;
             Ok(input)
         }
@@ -1119,8 +1119,8 @@ pub mod basic {
             input = gen_id(71)(input)?;
             input = gen_long_long_uint(method.delivery_tag)(input)?;
             input = gen_flags(&flags)(input)?;
-            input = gen_short_string(method.exchange.as_str())(input)?;
-            input = gen_short_string(method.routing_key.as_str())(input)?;
+            input = gen_short_string_bytes(method.exchange.as_bytes())(input)?;
+            input = gen_short_string_bytes(method.routing_key.as_bytes())(input)?;
             input = gen_long_uint(method.message_count)(input)?;
             Ok(input)
         }
@@ -1775,10 +1775,10 @@ pub mod basic {
     ) -> impl SerializeFn<W> + 'a {
         cookie_factory::sequence::pair(gen_short_uint(props.bitmask()), move |mut input| {
             if let Some(prop) = props.content_type.as_ref() {
-                input = gen_short_string(prop.as_str())(input)?;
+                input = gen_short_string_bytes(prop.as_bytes())(input)?;
             }
             if let Some(prop) = props.content_encoding.as_ref() {
-                input = gen_short_string(prop.as_str())(input)?;
+                input = gen_short_string_bytes(prop.as_bytes())(input)?;
             }
             if let Some(prop) = props.headers.as_ref() {
                 input = gen_field_table(prop)(input)?;
@@ -1790,31 +1790,31 @@ pub mod basic {
                 input = gen_short_short_uint(prop)(input)?;
             }
             if let Some(prop) = props.correlation_id.as_ref() {
-                input = gen_short_string(prop.as_str())(input)?;
+                input = gen_short_string_bytes(prop.as_bytes())(input)?;
             }
             if let Some(prop) = props.reply_to.as_ref() {
-                input = gen_short_string(prop.as_str())(input)?;
+                input = gen_short_string_bytes(prop.as_bytes())(input)?;
             }
             if let Some(prop) = props.expiration.as_ref() {
-                input = gen_short_string(prop.as_str())(input)?;
+                input = gen_short_string_bytes(prop.as_bytes())(input)?;
             }
             if let Some(prop) = props.message_id.as_ref() {
-                input = gen_short_string(prop.as_str())(input)?;
+                input = gen_short_string_bytes(prop.as_bytes())(input)?;
             }
             if let Some(prop) = props.timestamp {
                 input = gen_timestamp(prop)(input)?;
             }
             if let Some(prop) = props.kind.as_ref() {
-                input = gen_short_string(prop.as_str())(input)?;
+                input = gen_short_string_bytes(prop.as_bytes())(input)?;
             }
             if let Some(prop) = props.user_id.as_ref() {
-                input = gen_short_string(prop.as_str())(input)?;
+                input = gen_short_string_bytes(prop.as_bytes())(input)?;
             }
             if let Some(prop) = props.app_id.as_ref() {
-                input = gen_short_string(prop.as_str())(input)?;
+                input = gen_short_string_bytes(prop.as_bytes())(input)?;
             }
             if let Some(prop) = props.cluster_id.as_ref() {
-                input = gen_short_string(prop.as_str())(input)?;
+                input = gen_short_string_bytes(prop.as_bytes())(input)?;
             }
             Ok(input)
         })
@@ -2080,9 +2080,9 @@ pub mod connection {
         move |mut input| {
             input = gen_id(11)(input)?;
             input = gen_field_table(&method.client_properties)(input)?;
-            input = gen_short_string(method.mechanism.as_str())(input)?;
+            input = gen_short_string_bytes(method.mechanism.as_bytes())(input)?;
             input = gen_long_string(method.response.as_bytes())(input)?;
-            input = gen_short_string(method.locale.as_str())(input)?;
+            input = gen_short_string_bytes(method.locale.as_bytes())(input)?;
             Ok(input)
         }
     }
@@ -2306,7 +2306,7 @@ pub mod connection {
             let mut flags = AMQPFlags::default();
             flags.add_flag("insist".to_string(), false);
             input = gen_id(40)(input)?;
-            input = gen_short_string(method.virtual_host.as_str())(input)?;
+            input = gen_short_string_bytes(method.virtual_host.as_bytes())(input)?;
             input = gen_short_string("")(input)?;
             input = gen_flags(&flags)(input)?;
             Ok(input)
@@ -2399,7 +2399,7 @@ pub mod connection {
         move |mut input| {
             input = gen_id(50)(input)?;
             input = gen_short_uint(method.reply_code)(input)?;
-            input = gen_short_string(method.reply_text.as_str())(input)?;
+            input = gen_short_string_bytes(method.reply_text.as_bytes())(input)?;
             input = gen_short_uint(method.class_id)(input)?;
             input = gen_short_uint(method.method_id)(input)?;
             Ok(input)
@@ -2472,7 +2472,7 @@ pub mod connection {
     ) -> impl SerializeFn<W> + 'a {
         move |mut input| {
             input = gen_id(60)(input)?;
-            input = gen_short_string(method.reason.as_str())(input)?;
+            input = gen_short_string_bytes(method.reason.as_bytes())(input)?;
             Ok(input)
         }
     }
@@ -2547,7 +2547,7 @@ pub mod connection {
         move |mut input| {
             input = gen_id(70)(input)?;
             input = gen_long_string(method.new_secret.as_bytes())(input)?;
-            input = gen_short_string(method.reason.as_str())(input)?;
+            input = gen_short_string_bytes(method.reason.as_bytes())(input)?;
             Ok(input)
         }
     }
@@ -2873,7 +2873,7 @@ pub mod channel {
         move |mut input| {
             input = gen_id(40)(input)?;
             input = gen_short_uint(method.reply_code)(input)?;
-            input = gen_short_string(method.reply_text.as_str())(input)?;
+            input = gen_short_string_bytes(method.reply_text.as_bytes())(input)?;
             input = gen_short_uint(method.class_id)(input)?;
             input = gen_short_uint(method.method_id)(input)?;
             Ok(input)
@@ -3024,7 +3024,7 @@ pub mod access {
             flags.add_flag("write".to_string(), method.write);
             flags.add_flag("read".to_string(), method.read);
             input = gen_id(10)(input)?;
-            input = gen_short_string(method.realm.as_str())(input)?;
+            input = gen_short_string_bytes(method.realm.as_bytes())(input)?;
             input = gen_flags(&flags)(input)?;
             Ok(input)
         }
@@ -3234,8 +3234,8 @@ pub mod exchange {
             flags.add_flag("nowait".to_string(), method.nowait);
             input = gen_id(10)(input)?;
             input = gen_short_uint(0)(input)?;
-            input = gen_short_string(method.exchange.as_str())(input)?;
-            input = gen_short_string(method.kind.as_str())(input)?;
+            input = gen_short_string_bytes(method.exchange.as_bytes())(input)?;
+            input = gen_short_string_bytes(method.kind.as_bytes())(input)?;
             input = gen_flags(&flags)(input)?;
             input = gen_field_table(&method.arguments)(input)?;
             Ok(input)
@@ -3325,7 +3325,7 @@ pub mod exchange {
             flags.add_flag("nowait".to_string(), method.nowait);
             input = gen_id(20)(input)?;
             input = gen_short_uint(0)(input)?;
-            input = gen_short_string(method.exchange.as_str())(input)?;
+            input = gen_short_string_bytes(method.exchange.as_bytes())(input)?;
             input = gen_flags(&flags)(input)?;
             Ok(input)
         }
@@ -3422,9 +3422,9 @@ pub mod exchange {
             flags.add_flag("nowait".to_string(), method.nowait);
             input = gen_id(30)(input)?;
             input = gen_short_uint(0)(input)?;
-            input = gen_short_string(method.destination.as_str())(input)?;
-            input = gen_short_string(method.source.as_str())(input)?;
-            input = gen_short_string(method.routing_key.as_str())(input)?;
+            input = gen_short_string_bytes(method.destination.as_bytes())(input)?;
+            input = gen_short_string_bytes(method.source.as_bytes())(input)?;
+            input = gen_short_string_bytes(method.routing_key.as_bytes())(input)?;
             input = gen_flags(&flags)(input)?;
             input = gen_field_table(&method.arguments)(input)?;
             Ok(input)
@@ -3522,9 +3522,9 @@ pub mod exchange {
             flags.add_flag("nowait".to_string(), method.nowait);
             input = gen_id(40)(input)?;
             input = gen_short_uint(0)(input)?;
-            input = gen_short_string(method.destination.as_str())(input)?;
-            input = gen_short_string(method.source.as_str())(input)?;
-            input = gen_short_string(method.routing_key.as_str())(input)?;
+            input = gen_short_string_bytes(method.destination.as_bytes())(input)?;
+            input = gen_short_string_bytes(method.source.as_bytes())(input)?;
+            input = gen_short_string_bytes(method.routing_key.as_bytes())(input)?;
             input = gen_flags(&flags)(input)?;
             input = gen_field_table(&method.arguments)(input)?;
             Ok(input)
@@ -3745,7 +3745,7 @@ pub mod queue {
             flags.add_flag("nowait".to_string(), method.nowait);
             input = gen_id(10)(input)?;
             input = gen_short_uint(0)(input)?;
-            input = gen_short_string(method.queue.as_str())(input)?;
+            input = gen_short_string_bytes(method.queue.as_bytes())(input)?;
             input = gen_flags(&flags)(input)?;
             input = gen_field_table(&method.arguments)(input)?;
             Ok(input)
@@ -3798,7 +3798,7 @@ pub mod queue {
     ) -> impl SerializeFn<W> + 'a {
         move |mut input| {
             input = gen_id(11)(input)?;
-            input = gen_short_string(method.queue.as_str())(input)?;
+            input = gen_short_string_bytes(method.queue.as_bytes())(input)?;
             input = gen_long_uint(method.message_count)(input)?;
             input = gen_long_uint(method.consumer_count)(input)?;
             Ok(input)
@@ -3863,9 +3863,9 @@ pub mod queue {
             flags.add_flag("nowait".to_string(), method.nowait);
             input = gen_id(20)(input)?;
             input = gen_short_uint(0)(input)?;
-            input = gen_short_string(method.queue.as_str())(input)?;
-            input = gen_short_string(method.exchange.as_str())(input)?;
-            input = gen_short_string(method.routing_key.as_str())(input)?;
+            input = gen_short_string_bytes(method.queue.as_bytes())(input)?;
+            input = gen_short_string_bytes(method.exchange.as_bytes())(input)?;
+            input = gen_short_string_bytes(method.routing_key.as_bytes())(input)?;
             input = gen_flags(&flags)(input)?;
             input = gen_field_table(&method.arguments)(input)?;
             Ok(input)
@@ -3951,7 +3951,7 @@ pub mod queue {
             flags.add_flag("nowait".to_string(), method.nowait);
             input = gen_id(30)(input)?;
             input = gen_short_uint(0)(input)?;
-            input = gen_short_string(method.queue.as_str())(input)?;
+            input = gen_short_string_bytes(method.queue.as_bytes())(input)?;
             input = gen_flags(&flags)(input)?;
             Ok(input)
         }
@@ -4049,7 +4049,7 @@ pub mod queue {
             flags.add_flag("nowait".to_string(), method.nowait);
             input = gen_id(40)(input)?;
             input = gen_short_uint(0)(input)?;
-            input = gen_short_string(method.queue.as_str())(input)?;
+            input = gen_short_string_bytes(method.queue.as_bytes())(input)?;
             input = gen_flags(&flags)(input)?;
             Ok(input)
         }
@@ -4145,9 +4145,9 @@ pub mod queue {
         move |mut input| {
             input = gen_id(50)(input)?;
             input = gen_short_uint(0)(input)?;
-            input = gen_short_string(method.queue.as_str())(input)?;
-            input = gen_short_string(method.exchange.as_str())(input)?;
-            input = gen_short_string(method.routing_key.as_str())(input)?;
+            input = gen_short_string_bytes(method.queue.as_bytes())(input)?;
+            input = gen_short_string_bytes(method.exchange.as_bytes())(input)?;
+            input = gen_short_string_bytes(method.routing_key.as_bytes())(input)?;
             input = gen_field_table(&method.arguments)(input)?;
             Ok(input)
         }
