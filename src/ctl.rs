@@ -3,6 +3,7 @@
 //! the JSON the server sent. Plain HTTP/1.1 with hyper's client
 //! connection, one request per connection, bounded in time.
 
+use crate::errors::escaped;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HOST};
@@ -186,14 +187,16 @@ async fn exchange(addr: SocketAddr, token: &str, ask: &Ask) -> Result<Value, Ctl
     } else {
         let reason = value["error"]
             .as_str()
-            .map_or_else(|| value.to_string(), str::to_owned);
+            .map_or_else(|| value.to_string(), |r| escaped(r).into_owned());
         Err(CtlError::Refused { status, reason })
     }
 }
 
-/// The status as a person reads it.
+/// The status as a person reads it; every name in it, which a service or
+/// an operator chose, with its control and bidirectional formatting
+/// characters escaped.
 pub fn human_status(status: &Value) -> String {
-    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+    let text = |v: &Value| escaped(v.as_str().unwrap_or_default()).into_owned();
     let mut out = String::new();
     let _ = writeln!(
         out,

@@ -392,6 +392,13 @@ fn trace(path: &std::path::Path, settings: Settings, request: &Request) -> ExitC
                     traced.skipped, traced.id
                 );
             }
+            if traced.ignored > 0 {
+                eprintln!(
+                    "switchyard: ignored {} line(s) naming \"{}\" that the group's forwarders did not \
+                     write (published by another user than the journal broker's or inbound.trusted_users)",
+                    traced.ignored, traced.id
+                );
+            }
             if traced.found == 0 {
                 eprintln!("switchyard: {traced}");
                 ExitCode::from(EXIT_NOT_FOUND)
@@ -474,7 +481,11 @@ fn init_tracing(format: LogFormat) {
     let registry = tracing_subscriber::registry().with(filter).with(library);
     match format {
         LogFormat::Text => registry
-            .with(lines.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())))
+            .with(
+                lines
+                    .fmt_fields(escaped_fields())
+                    .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
+            )
             .init(),
         LogFormat::Json => registry
             .with(
@@ -486,6 +497,25 @@ fn init_tracing(format: LogFormat) {
             )
             .init(),
     }
+}
+
+/// The text format's fields as the default formatter writes them
+/// (`name=value`, the message bare), with every control and bidirectional
+/// formatting character escaped: a field may carry a producer's or a
+/// broker's text (a broker's error echoes the names it was given), and no
+/// such text may start a line of its own or rewrite the terminal. The JSON
+/// format escapes by itself.
+fn escaped_fields() -> impl for<'w> tracing_subscriber::fmt::FormatFields<'w> + 'static {
+    use tracing_subscriber::field::MakeExt;
+    tracing_subscriber::fmt::format::debug_fn(|writer, field, value| {
+        let text = format!("{value:?}");
+        let text = switchyard::errors::escaped(&text);
+        match field.name() {
+            "message" => write!(writer, "{text}"),
+            name => write!(writer, "{}={text}", name.trim_start_matches("r#")),
+        }
+    })
+    .delimited(" ")
 }
 
 /// Completes on SIGINT or SIGTERM. SIGHUP reloads the configuration

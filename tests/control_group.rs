@@ -427,6 +427,23 @@ async fn a_drain_through_one_instance_and_a_pause_through_the_other_hold_on_both
     // Resumed through B: every message held is forwarded once.
     let answer = b.control.resume().await;
     assert_eq!(answer["paused"], false, "{answer}");
+    // Both say who resumed, not who paused.
+    let b_name = b.name().await;
+    for (tag, instance) in [("A", &a), ("B", &b)] {
+        wait_until(
+            &format!("{tag} logs that B resumed"),
+            DEFAULT_TIMEOUT,
+            || async {
+                let by = format!("by=\"{b_name}\"");
+                instance
+                    .process
+                    .log()
+                    .lines()
+                    .any(|l| l.contains("resumed: taking messages again") && l.contains(&by))
+            },
+        )
+        .await;
+    }
     a.ready_until(200).await;
     inbound_until(&inbound, 0, 0, DEFAULT_TIMEOUT).await;
     let every: Vec<String> = drained_batch.iter().chain(&paused_batch).cloned().collect();

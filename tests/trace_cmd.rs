@@ -67,7 +67,14 @@ impl Journal {
         self.write_raw(&body, records.len()).await;
     }
 
+    /// One batch as the forwarder publishes it, with its user (`guest`,
+    /// the user of the test broker's URI) as `user_id`.
     async fn write_raw(&self, body: &[u8], records: usize) {
+        self.write_as(body, records, Some("guest")).await;
+    }
+
+    /// One batch published with `user_id` (or none).
+    async fn write_as(&self, body: &[u8], records: usize, user_id: Option<&str>) {
         let mut headers = FieldTable::default();
         headers.insert(
             "x-switchyard-journal-records".into(),
@@ -78,6 +85,10 @@ impl Journal {
             .with_delivery_mode(2)
             .with_timestamp(unix_now())
             .with_headers(headers);
+        let props = match user_id {
+            Some(user) => props.with_user_id(user.into()),
+            None => props,
+        };
         let confirmation = self.broker.publish("", &self.stream, body, props).await;
         assert!(
             confirmation.is_ack() && confirmation.take_message().is_none(),
@@ -349,6 +360,40 @@ async fn a_line_that_is_not_a_record_is_skipped_and_counted() {
     assert!(
         stderr.contains("skipped 1 line(s)") && stderr.contains(&id),
         "{stderr}"
+    );
+    journal.delete().await;
+}
+
+/// A batch published without the forwarder's `user_id` is not the group's
+/// history, whatever it says: its records are not shown, and they are
+/// counted on stderr.
+#[tokio::test]
+async fn a_batch_the_forwarders_did_not_publish_is_ignored_and_counted() {
+    let journal = Journal::new("trace-forged").await;
+    let id = format!("forged-{}", uuid::Uuid::new_v4());
+    let mut forged = Vec::new();
+    serde_json::to_writer(&mut forged, &record(&id, "attacker", "acked", -300))
+        .unwrap_or_else(|e| panic!("{e}"));
+    forged.push(b'\n');
+    journal.write_as(&forged, 1, None).await;
+    let out = journal.trace(&[&id]).await;
+    assert_exit(&out, 3, "only a forged record");
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("ignored 1 line(s)") && stderr.contains("did not write"),
+        "{stderr}"
+    );
+    assert!(!text(&out.stdout).contains("attacker"));
+    // The forwarder's own record of the same id is shown beside it.
+    journal
+        .write(&[record(&id, "switchyard-a", "acked", -100)])
+        .await;
+    let out = journal.trace(&[&id]).await;
+    assert_exit(&out, 0, "the forwarder's record");
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("switchyard-a") && !stdout.contains("attacker"),
+        "{stdout}"
     );
     journal.delete().await;
 }

@@ -18,6 +18,7 @@
 
 use crate::control::{Command, Refusal, RegisterRequest, Steer, SteerError, SubmitError};
 use crate::listen::bearer::{Bearer, bearer};
+use crate::telemetry::Telemetry;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE};
@@ -42,6 +43,7 @@ pub fn owns(path: &str) -> bool {
 pub async fn respond(
     request: Request<Incoming>,
     steering: Option<&dyn Steer>,
+    telemetry: &Telemetry,
 ) -> Response<Full<Bytes>> {
     let Some(steering) = steering else {
         return error(StatusCode::FORBIDDEN, "control is off on this instance");
@@ -59,6 +61,7 @@ pub async fn respond(
         );
     }
     if bearer(request.headers(), &tokens) != Bearer::Accepted {
+        telemetry.admin_unauthorized();
         let mut response = error(StatusCode::UNAUTHORIZED, "unauthorized");
         response
             .headers_mut()
@@ -108,7 +111,7 @@ pub async fn respond(
     };
     match steering.command(command).await {
         Ok(status) => ok(status),
-        Err(SteerError::Refused(refusal)) => {
+        Err(SteerError::Refused(refusal) | SteerError::Submit(SubmitError::Refused(refusal))) => {
             let status = match &refusal {
                 Refusal::NotFound(_) => StatusCode::NOT_FOUND,
                 Refusal::Conflict(_) => StatusCode::CONFLICT,

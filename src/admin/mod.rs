@@ -153,7 +153,7 @@ impl Admin {
                 let busy = admitted.busy();
                 let service = service_fn(|request: Request<Incoming>| {
                     busy.hold();
-                    let steering = steering.clone();
+                    let (steering, counting) = (steering.clone(), telemetry.clone());
                     let response = match control::owns(request.uri().path()) {
                         false => Ok(respond(&request, &telemetry, &readiness)),
                         true => Err(request),
@@ -161,7 +161,9 @@ impl Admin {
                     async move {
                         let response = match response {
                             Ok(response) => response,
-                            Err(request) => control::respond(request, steering.as_deref()).await,
+                            Err(request) => {
+                                control::respond(request, steering.as_deref(), &counting).await
+                            }
                         };
                         Ok::<_, Infallible>(response)
                     }

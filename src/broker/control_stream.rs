@@ -9,7 +9,7 @@ use super::error::{BrokerError, Unfinished, bounded};
 use super::journal_reader::{grant_credit, stream_offset};
 use super::stream_append::{Appended, append};
 use super::topology::{TopologyError, declare_control_stream};
-use crate::amqp::{AmqpValue, FieldTable, Properties};
+use crate::amqp::{AmqpValue, FieldTable, Properties, short_text};
 use crate::config::Control;
 use crate::telemetry::Telemetry;
 use futures_util::StreamExt;
@@ -125,9 +125,14 @@ impl ControlStream {
                 channel
             }
         };
-        let properties = Properties::default()
+        let mut properties = Properties::default()
             .with_content_type("application/json".into())
             .with_delivery_mode(2);
+        // The broker checks it is this connection's user: readers tell the
+        // forwarders' records from anyone else's by it.
+        if let Some(user) = self.connector.user() {
+            properties = properties.with_user_id(user.into());
+        }
         let stream = self.settings.stream.as_str();
         let failed = match append(&channel, stream, body, properties, WRITE_TIMEOUT).await {
             Appended::Confirmed => return Ok(()),
@@ -192,6 +197,18 @@ impl ControlStream {
     }
 }
 
+/// One message read from a stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamRecord {
+    /// Its offset in the stream.
+    pub offset: u64,
+    /// The `user_id` it was published with, which the broker checked
+    /// against the publishing connection's user; `None` without one.
+    pub writer: Option<String>,
+    /// What it holds.
+    pub body: Vec<u8>,
+}
+
 /// A consumer of the control stream.
 pub struct StreamFollower {
     channel: Channel,
@@ -201,8 +218,8 @@ pub struct StreamFollower {
 }
 
 impl StreamFollower {
-    /// The next record: its offset and its bytes.
-    pub async fn next(&mut self) -> Result<(u64, Vec<u8>), ControlStreamError> {
+    /// The next record.
+    pub async fn next(&mut self) -> Result<StreamRecord, ControlStreamError> {
         let delivery = match self.consumer.next().await {
             None => return Err(ControlStreamError::Cancelled),
             Some(Err(e)) => {
@@ -216,7 +233,12 @@ impl StreamFollower {
         let tag = delivery.delivery_tag;
         grant_credit(&self.channel, tag, &mut self.unacked, PREFETCH / 2).await?;
         let offset = stream_offset(&delivery.properties).unwrap_or(0);
-        Ok((offset, delivery.data))
+        let writer = delivery.properties.user_id().as_ref().map(short_text);
+        Ok(StreamRecord {
+            offset,
+            writer: writer.map(std::borrow::Cow::into_owned),
+            body: delivery.data,
+        })
     }
 
     /// Ends the consumer and its channel.

@@ -95,11 +95,16 @@ impl JournalChannel {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        let properties = Properties::default()
+        let mut properties = Properties::default()
             .with_content_type(BATCH_CONTENT_TYPE.into())
             .with_timestamp(now)
             .with_delivery_mode(2)
             .with_headers(headers);
+        // The broker checks it is this connection's user: `trace` tells the
+        // forwarders' records from anyone else's by it.
+        if let Some(user) = self.connector.user() {
+            properties = properties.with_user_id(user.into());
+        }
         let stream = self.settings.stream.as_str();
         let failed = match append(&channel, stream, body, properties, WRITE_TIMEOUT).await {
             Appended::Confirmed => return Ok(()),

@@ -16,7 +16,7 @@ use super::closing::close_channel;
 use super::connector::{ConnectError, Connector, Role};
 use super::error::{BrokerError, OPERATION_BOUND, Unfinished, bounded};
 use super::topology::{TopologyError, check_journal_stream};
-use crate::amqp::{AmqpValue, FieldTable, Properties};
+use crate::amqp::{AmqpValue, FieldTable, Properties, short_text};
 use crate::config::Journal;
 use crate::telemetry::Telemetry;
 use futures_util::StreamExt;
@@ -74,6 +74,9 @@ pub struct Batch {
     pub records: Option<u64>,
     /// NDJSON, one record per line.
     pub body: Vec<u8>,
+    /// The `user_id` it was published with (checked by the broker against
+    /// the publishing connection's user); `None` without one.
+    pub writer: Option<String>,
 }
 
 /// A connection to the journal's stream.
@@ -231,6 +234,10 @@ impl Follower {
             offset: stream_offset(properties).unwrap_or(0),
             timestamp: *properties.timestamp(),
             records: records(properties),
+            writer: properties
+                .user_id()
+                .as_ref()
+                .map(|u| short_text(u).into_owned()),
             body: delivery.data,
         }))
     }

@@ -45,7 +45,7 @@ mod unreadable;
 #[cfg(test)]
 pub(crate) use connector::ConnectFailure;
 pub(crate) use connector::{Blocking, ConnectError, Connector, Role};
-pub(crate) use control_stream::{ControlStream, ControlStreamError, Start};
+pub(crate) use control_stream::{ControlStream, ControlStreamError, Start, StreamRecord};
 pub(crate) use dlq_reader::{DlqReader, ReadError, RepublishError};
 #[cfg(test)]
 pub(crate) use error::BrokerError;

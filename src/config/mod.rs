@@ -117,6 +117,68 @@ impl Settings {
     pub fn dead_letter(&self) -> Option<&DeadLetter> {
         self.queue.as_ref().map(|(_, dead_letter)| dead_letter)
     }
+
+    /// Why publishing to `routing_key` through `exchange` of broker
+    /// `broker` would be a forwarding loop (the default exchange with the
+    /// inbound queue's name, on the inbound's broker or one with its host,
+    /// port and vhost), in the words `check` uses; `None` when it is not.
+    pub fn forwarding_loop(
+        &self,
+        broker: &str,
+        exchange: &str,
+        routing_key: &str,
+    ) -> Option<String> {
+        let inbound = self.inbound()?;
+        if !exchange.is_empty() || routing_key != inbound.queue {
+            return None;
+        }
+        let on = if broker == inbound.broker {
+            format!("broker \"{broker}\", the inbound's broker")
+        } else {
+            let ours = self.brokers.get(broker)?;
+            let theirs = self.brokers.get(&inbound.broker)?;
+            if !ours.same_vhost_as(theirs) {
+                return None;
+            }
+            format!(
+                "broker \"{broker}\", which has the host, port and vhost of the inbound's broker \"{}\"",
+                inbound.broker
+            )
+        };
+        Some(loop_words(&format!(
+            "publishing to \"{}\" through the default exchange of {on},",
+            inbound.queue
+        )))
+    }
+
+    /// The users whose records on a stream of broker `broker` are the
+    /// group's: the broker's own user (the one its records are published
+    /// with) and `inbound.trusted_users`. Empty when the broker's user is
+    /// not known (a certificate login): records cannot be told apart then.
+    pub fn stream_writers(&self, broker: &BrokerSpec) -> Vec<String> {
+        let Some(own) = broker.user() else {
+            return Vec::new();
+        };
+        let mut writers = vec![own];
+        for user in self
+            .inbound()
+            .map(|i| i.trusted_users.as_slice())
+            .unwrap_or_default()
+        {
+            if !writers.contains(user) {
+                writers.push(user.clone());
+            }
+        }
+        writers
+    }
+}
+
+/// The end of every forwarding-loop refusal, after what would loop.
+pub(crate) fn loop_words(what: &str) -> String {
+    format!(
+        "{what} would route every copy back into the inbound queue (a forwarding loop); name \
+         another queue"
+    )
 }
 
 /// The mark of a [`Settings`] that `compile` made: it has no public

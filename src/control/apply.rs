@@ -78,10 +78,14 @@ impl GroupState {
                 changed.drains = self.drained.remove(endpoint).is_some();
             }
             Body::Register(registration) => {
+                let drains = self.drained.len();
                 changed.registrations = self.register(registration, now_ms);
+                changed.drains = self.drained.len() != drains;
             }
             Body::Unregister { branch, name } => {
+                let drains = self.drained.len();
                 changed.registrations = self.remove(branch, name);
+                changed.drains = self.drained.len() != drains;
             }
             Body::Snapshot { .. } => {}
         }

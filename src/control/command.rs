@@ -7,6 +7,7 @@ use super::record::Body;
 use super::state::GroupState;
 use super::state::Registration;
 use crate::config::Settings;
+use crate::errors::unprintable;
 use serde::Deserialize;
 use std::time::Duration;
 
@@ -150,24 +151,6 @@ fn register(
     settings: &Settings,
     state: &GroupState,
 ) -> Result<Body, Refusal> {
-    registrable(&branch, settings)?;
-    if name.is_empty() || name.len() > MAX_NAME || name.chars().any(char::is_control) {
-        return Err(Refusal::Invalid(
-            "the name must be 1 to 255 bytes without control characters".to_owned(),
-        ));
-    }
-    if settings.endpoints.contains_key(&name) {
-        return Err(Refusal::Conflict(format!(
-            "\"{name}\" is a configured endpoint's name: register under another name"
-        )));
-    }
-    if let Some(other) = state.registration(&name).filter(|r| r.branch != branch) {
-        return Err(Refusal::Conflict(format!(
-            "\"{name}\" is registered into branch \"{}\": unregister it there first, or use \
-             another name",
-            other.branch
-        )));
-    }
     let broker = match request.broker {
         Some(broker) => broker,
         None => settings
@@ -176,52 +159,7 @@ fn register(
             .or_else(|| settings.brokers.keys().next().cloned())
             .unwrap_or_default(),
     };
-    if !settings.brokers.contains_key(&broker) {
-        let names: Vec<&str> = settings.brokers.keys().map(String::as_str).collect();
-        return Err(Refusal::Invalid(format!(
-            "unknown broker \"{broker}\" (brokers: {})",
-            names.join(", ")
-        )));
-    }
-    if request.routing_key.len() > MAX_NAME {
-        return Err(Refusal::Invalid(
-            "routing_key is longer than 255 bytes".to_owned(),
-        ));
-    }
-    if request.exchange.len() > MAX_NAME {
-        return Err(Refusal::Invalid(
-            "exchange is longer than 255 bytes".to_owned(),
-        ));
-    }
-    if request.exchange.is_empty() && request.routing_key.is_empty() {
-        return Err(Refusal::Invalid(
-            "routing_key is empty: on the default exchange it names the queue".to_owned(),
-        ));
-    }
-    let ttl = Duration::from_millis(request.ttl_ms);
-    if !(MIN_TTL..=MAX_TTL).contains(&ttl) {
-        return Err(Refusal::Invalid(format!(
-            "ttl_ms {} is outside {} to {} (1 s to 1 h)",
-            request.ttl_ms,
-            MIN_TTL.as_millis(),
-            MAX_TTL.as_millis()
-        )));
-    }
-    let renewal = state
-        .registrations
-        .get(&branch)
-        .is_some_and(|n| n.contains_key(&name));
-    let limit = settings
-        .control
-        .as_ref()
-        .map_or(usize::MAX, |c| c.max_registrations);
-    if !renewal && state.registration_count() >= limit {
-        return Err(Refusal::TooMany(format!(
-            "the group holds {limit} registrations, admin.max_registrations: unregister one, \
-             or raise the limit"
-        )));
-    }
-    Ok(Body::Register(Registration {
+    let registration = Registration {
         branch,
         name,
         broker,
@@ -229,5 +167,126 @@ fn register(
         routing_key: request.routing_key,
         ttl_ms: request.ttl_ms,
         expires_at_ms: now_ms().saturating_add(request.ttl_ms),
-    }))
+    };
+    check_registration(&registration, settings, state)?;
+    Ok(Body::Register(registration))
+}
+
+impl Body {
+    /// Whether a record saying this, written at `at_ms`, may be applied
+    /// under `settings` to `state`: the rules the request that makes it
+    /// was checked against, checked again as it is read, so that a record
+    /// no request could have made (a forged one, or one the group's state
+    /// no longer allows, as the last of two registrations racing for the
+    /// last place) changes nothing.
+    pub fn allowed(
+        &self,
+        at_ms: u64,
+        settings: &Settings,
+        state: &GroupState,
+    ) -> Result<(), Refusal> {
+        match self {
+            Self::Drain { endpoint } => known_endpoint(endpoint, settings, state),
+            Self::Register(registration) => {
+                let lease = at_ms
+                    .saturating_add(registration.ttl_ms)
+                    .saturating_add(LEASE_SLACK_MS);
+                if registration.expires_at_ms > lease {
+                    return Err(Refusal::Invalid(format!(
+                        "a lease ending later than ttl_ms ({}) after it was written",
+                        registration.ttl_ms
+                    )));
+                }
+                check_registration(registration, settings, state)
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// How far a registration's end may lie past `at_ms + ttl_ms` in a record
+/// (the writer computes it a moment before it stamps the record).
+const LEASE_SLACK_MS: u64 = 1_000;
+
+/// Every rule a registration obeys: its branch, its name, its broker, an
+/// exchange and routing key AMQP can carry and a terminal can show, no
+/// loop into the inbound queue, a lease of 1 s to 1 h, and room in the
+/// group (a renewal needs none).
+pub(super) fn check_registration(
+    r: &Registration,
+    settings: &Settings,
+    state: &GroupState,
+) -> Result<(), Refusal> {
+    registrable(&r.branch, settings)?;
+    if r.name.is_empty() || r.name.len() > MAX_NAME || r.name.chars().any(unprintable) {
+        return Err(Refusal::Invalid(
+            "the name must be 1 to 255 bytes without control or bidirectional formatting \
+             characters"
+                .to_owned(),
+        ));
+    }
+    if settings.endpoints.contains_key(&r.name) {
+        return Err(Refusal::Conflict(format!(
+            "\"{}\" is a configured endpoint's name: register under another name",
+            r.name
+        )));
+    }
+    if let Some(other) = state.registration(&r.name).filter(|o| o.branch != r.branch) {
+        return Err(Refusal::Conflict(format!(
+            "\"{}\" is registered into branch \"{}\": unregister it there first, or use \
+             another name",
+            r.name, other.branch
+        )));
+    }
+    if !settings.brokers.contains_key(&r.broker) {
+        let names: Vec<&str> = settings.brokers.keys().map(String::as_str).collect();
+        return Err(Refusal::Invalid(format!(
+            "unknown broker \"{}\" (brokers: {})",
+            r.broker,
+            names.join(", ")
+        )));
+    }
+    for (key, value) in [("routing_key", &r.routing_key), ("exchange", &r.exchange)] {
+        if value.len() > MAX_NAME {
+            return Err(Refusal::Invalid(format!("{key} is longer than 255 bytes")));
+        }
+        if value.chars().any(unprintable) {
+            return Err(Refusal::Invalid(format!(
+                "{key} holds a control or bidirectional formatting character"
+            )));
+        }
+    }
+    if r.exchange.is_empty() && r.routing_key.is_empty() {
+        return Err(Refusal::Invalid(
+            "routing_key is empty: on the default exchange it names the queue".to_owned(),
+        ));
+    }
+    if let Some(words) = settings.forwarding_loop(&r.broker, &r.exchange, &r.routing_key) {
+        return Err(Refusal::Conflict(words));
+    }
+    let ttl = Duration::from_millis(r.ttl_ms);
+    if !(MIN_TTL..=MAX_TTL).contains(&ttl) {
+        return Err(Refusal::Invalid(format!(
+            "ttl_ms {} is outside {} to {} (1 s to 1 h)",
+            r.ttl_ms,
+            MIN_TTL.as_millis(),
+            MAX_TTL.as_millis()
+        )));
+    }
+    let renewal = state
+        .registrations
+        .get(&r.branch)
+        .is_some_and(|n| n.contains_key(&r.name));
+    let limit = settings
+        .control
+        .as_ref()
+        .map_or(usize::MAX, |c| c.max_registrations);
+    let held = state.registration_count();
+    if !renewal && held >= limit {
+        return Err(Refusal::TooMany(format!(
+            "the group holds {held} registrations, admin.max_registrations is {limit}: \
+             unregister one, or raise the limit"
+        )));
+    }
+    Ok(())
 }

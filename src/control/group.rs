@@ -14,12 +14,13 @@
 
 use super::apply::Changed;
 use super::base::{Base, Step};
+use super::command::{Refusal, check_registration};
 use super::record::{Body, Record};
 use super::state::GroupState;
 use super::state::Registration;
 use crate::backoff::Backoff;
-use crate::broker::{ControlStream, ControlStreamError, Drains, Start};
-use crate::config::Control;
+use crate::broker::{ControlStream, ControlStreamError, Drains, Start, StreamRecord};
+use crate::config::{Control, Settings};
 use crate::destination::Endpoint;
 use crate::telemetry::Telemetry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -57,6 +58,10 @@ pub enum SubmitError {
     /// Written, but not read back within the wait.
     #[error("the command was written but not applied here within {} s; ask for the status", APPLY_WAIT.as_secs())]
     NotApplied,
+    /// Written, and refused as it was read back: the group's state no
+    /// longer allowed it (another command came first).
+    #[error("{0}")]
+    Refused(Refusal),
 }
 
 /// One instance's view of its group.
@@ -74,7 +79,10 @@ struct Inner {
     registered: watch::Sender<Registered>,
     recovered: watch::Sender<bool>,
     drains: Drains,
-    waiters: Mutex<HashMap<String, oneshot::Sender<()>>>,
+    /// The configuration in force: every command record is checked against
+    /// it as it is read, and it says whose records are the group's.
+    rules: Mutex<Option<Arc<Settings>>>,
+    waiters: Mutex<HashMap<String, oneshot::Sender<Result<(), Refusal>>>>,
     stream: tokio::sync::Mutex<Option<ControlStream>>,
     telemetry: Telemetry,
 }
@@ -101,11 +109,22 @@ impl Group {
                 registered: watch::Sender::new(Arc::default()),
                 recovered: watch::Sender::new(off),
                 drains,
+                rules: Mutex::default(),
                 waiters: Mutex::default(),
                 stream: tokio::sync::Mutex::new(None),
                 telemetry,
             }),
         }
+    }
+
+    /// Checks every record read from now on against `settings` (the
+    /// configuration in force, as its file says).
+    pub fn set_rules(&self, settings: Arc<Settings>) {
+        *lock(&self.inner.rules) = Some(settings);
+    }
+
+    fn rules(&self) -> Option<Arc<Settings>> {
+        lock(&self.inner.rules).clone()
     }
 
     /// This instance's name in the group.
@@ -207,7 +226,8 @@ impl Group {
             return Err(SubmitError::Unavailable(e));
         }
         match tokio::time::timeout(APPLY_WAIT, applied).await {
-            Ok(Ok(())) => Ok(()),
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(refusal))) => Err(SubmitError::Refused(refusal)),
             _ => {
                 lock(&self.inner.waiters).remove(&id);
                 Err(SubmitError::NotApplied)
@@ -334,7 +354,11 @@ impl Group {
             // the stream delivered once it went quiet.
             let unmarked = !self.is_recovered() && !hello_written;
             let quiet = (began + HELLO_WAIT).max(last_read + QUIET);
-            let (offset, bytes) = tokio::select! {
+            let StreamRecord {
+                offset,
+                writer,
+                body: bytes,
+            } = tokio::select! {
                 () = stop.cancelled() => break Ok(()),
                 () = lapse => {
                     self.lapse();
@@ -356,6 +380,16 @@ impl Group {
             };
             last_read = Instant::now();
             reader.next = Start::Offset(offset + 1);
+            if !self.written_by_the_group(writer.as_deref()) {
+                let stream = self
+                    .inner
+                    .settings
+                    .as_ref()
+                    .map_or("", |s| s.stream.as_str());
+                let telemetry = &self.inner.telemetry;
+                telemetry.stream_record_ignored(stream, offset, writer.as_deref());
+                continue;
+            }
             let record = match serde_json::from_slice::<Record>(&bytes) {
                 Ok(record) => record,
                 Err(e) => {
@@ -374,6 +408,18 @@ impl Group {
         result
     }
 
+    /// Whether a record published as `writer` is one of the group's: its
+    /// `user_id`, which the broker checked, names a writer the
+    /// configuration in force allows (anyone, when the control broker's
+    /// user is unknown).
+    fn written_by_the_group(&self, writer: Option<&str>) -> bool {
+        let (Some(rules), Some(control)) = (self.rules(), self.inner.settings.as_ref()) else {
+            return true;
+        };
+        let writers = rules.stream_writers(&control.broker);
+        writers.is_empty() || writer.is_some_and(|w| writers.iter().any(|u| u == w))
+    }
+
     /// Applies one record of this group read at `offset`.
     async fn read(
         &self,
@@ -387,12 +433,12 @@ impl Group {
             reader.since_snapshot = 0;
         }
         let (id, command) = (record.id.clone(), record.body.is_command());
-        match reader.base.read(offset, record, hello) {
+        let refused = match reader.base.read(offset, record, hello) {
             Step::Wait => return Ok(()),
             Step::Apply(records) => self.apply_all(&records),
             Step::Rebase(state, records) => {
                 self.rebase(*state);
-                self.apply_all(&records);
+                self.apply_all(&records)
             }
             Step::Partial(records) => {
                 if let Some(settings) = &self.inner.settings {
@@ -401,9 +447,9 @@ impl Group {
                         .telemetry
                         .control_state_partial(&settings.stream, first);
                 }
-                self.apply_all(&records);
+                self.apply_all(&records)
             }
-        }
+        };
         if id == hello && !self.is_recovered() {
             let state = self.state();
             if let Some(settings) = &self.inner.settings {
@@ -417,7 +463,8 @@ impl Group {
             self.inner.recovered.send_replace(true);
         }
         if let Some(waiter) = lock(&self.inner.waiters).remove(&id) {
-            let _ = waiter.send(());
+            let outcome = refused.into_iter().find(|(of, _)| *of == id);
+            let _ = waiter.send(outcome.map_or(Ok(()), |(_, refusal)| Err(refusal)));
         }
         if command && self.is_recovered() {
             let ack = uuid::Uuid::new_v4().to_string();
@@ -453,8 +500,16 @@ impl Group {
         self.inner.recovered.send_replace(true);
     }
 
-    /// Takes `state` as the group's, from a snapshot.
-    fn rebase(&self, state: GroupState) {
+    /// Takes `state` as the group's, from a snapshot, less any
+    /// registration the configuration in force does not allow.
+    fn rebase(&self, mut state: GroupState) {
+        if let Some(rules) = self.rules() {
+            let empty = GroupState::default();
+            for names in state.registrations.values_mut() {
+                names.retain(|_, r| check_registration(r, &rules, &empty).is_ok());
+            }
+            state.registrations.retain(|_, names| !names.is_empty());
+        }
         let before = self.state();
         *lock(&self.inner.state) = state;
         self.changed(
@@ -464,25 +519,46 @@ impl Group {
                 drains: true,
                 registrations: true,
             },
+            None,
         );
     }
 
-    fn apply_all(&self, records: &[(u64, Record)]) {
+    /// Applies `records` in order; the ids of those refused, with why.
+    fn apply_all(&self, records: &[(u64, Record)]) -> Vec<(String, Refusal)> {
+        let mut refused = Vec::new();
         for (offset, record) in records {
-            self.apply(*offset, record);
+            if let Err(refusal) = self.apply(*offset, record) {
+                refused.push((record.id.clone(), refusal));
+            }
         }
+        refused
     }
 
-    fn apply(&self, offset: u64, record: &Record) {
+    /// Applies `record` unless the configuration in force refuses it.
+    fn apply(&self, offset: u64, record: &Record) -> Result<(), Refusal> {
+        let rules = self.rules();
+        if rules.is_some() && matches!(record.body, Body::Register(_)) {
+            // Leases already over make room before a registration is counted.
+            self.lapse();
+        }
         let (before, changed) = {
             let mut state = lock(&self.inner.state);
+            if let Some(rules) = &rules
+                && let Err(refusal) = record.body.allowed(record.at_ms, rules, &state)
+            {
+                drop(state);
+                let telemetry = &self.inner.telemetry;
+                telemetry.control_record_refused(offset, &record.instance, &refusal);
+                return Err(refusal);
+            }
             let before = state.clone();
             let changed = state.apply(offset, record, now_ms());
             (before, changed)
         };
         if changed.any() {
-            self.changed(&before, changed);
+            self.changed(&before, changed, Some(&record.instance));
         }
+        Ok(())
     }
 
     /// Ends the leases due; every instance does so on its own clock.
@@ -497,8 +573,10 @@ impl Group {
                 &before,
                 Changed {
                     registrations: true,
+                    drains: true,
                     ..Changed::default()
                 },
+                None,
             );
         }
     }
@@ -517,13 +595,18 @@ impl Group {
         }
     }
 
-    /// Tells the pipeline and telemetry what changed since `before`.
-    fn changed(&self, before: &GroupState, changed: Changed) {
+    /// Tells the pipeline and telemetry what changed since `before`, by
+    /// the instance that wrote the record (`None`: a snapshot or a lapse).
+    fn changed(&self, before: &GroupState, changed: Changed, writer: Option<&str>) {
         let state = self.state();
         let telemetry = &self.inner.telemetry;
         if changed.paused && before.paused.is_some() != state.paused.is_some() {
-            let by = state.paused.as_ref().or(before.paused.as_ref());
-            telemetry.paused(state.paused.is_some(), by.map_or("", |s| s.by.as_str()));
+            // A pause is said by who paused; a resume by who resumed.
+            let by = match &state.paused {
+                Some(since) => since.by.as_str(),
+                None => writer.unwrap_or_default(),
+            };
+            telemetry.paused(state.paused.is_some(), by);
             self.inner.paused.send_replace(state.paused.is_some());
         }
         if changed.drains {
@@ -534,7 +617,8 @@ impl Group {
             }
             for (endpoint, since) in &before.drained {
                 if !state.drained.contains_key(endpoint) {
-                    telemetry.endpoint_drained(endpoint, false, &since.by);
+                    let by = writer.unwrap_or(&since.by);
+                    telemetry.endpoint_drained(endpoint, false, by);
                 }
             }
             let names: BTreeSet<String> = state.drained.keys().cloned().collect();

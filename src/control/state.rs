@@ -94,16 +94,24 @@ pub struct GroupState {
 }
 
 impl GroupState {
-    /// Drops every registration whose lease ended by `now_ms`; whether any did.
+    /// Drops every registration whose lease ended by `now_ms`, with its
+    /// drain; whether any did.
     pub fn lapse(&mut self, now_ms: u64) -> bool {
-        let mut any = false;
+        let mut gone = Vec::new();
         for names in self.registrations.values_mut() {
-            let before = names.len();
-            names.retain(|_, r| r.expires_at_ms > now_ms);
-            any |= names.len() != before;
+            names.retain(|name, r| {
+                let keep = r.expires_at_ms > now_ms;
+                if !keep {
+                    gone.push(name.clone());
+                }
+                keep
+            });
         }
         self.registrations.retain(|_, names| !names.is_empty());
-        any
+        for name in &gone {
+            self.drained.remove(name);
+        }
+        !gone.is_empty()
     }
 
     /// When the next lease ends, unix milliseconds.
@@ -163,6 +171,8 @@ impl GroupState {
         changed || previous.is_none_or(|p| !p.same_endpoint(registration))
     }
 
+    /// Removes a registration, and its drain (the name is that endpoint's
+    /// and no other's); whether it was there.
     pub(super) fn remove(&mut self, branch: &str, name: &str) -> bool {
         let Some(names) = self.registrations.get_mut(branch) else {
             return false;
@@ -170,6 +180,9 @@ impl GroupState {
         let removed = names.remove(name).is_some();
         if names.is_empty() {
             self.registrations.remove(branch);
+        }
+        if removed {
+            self.drained.remove(name);
         }
         removed
     }

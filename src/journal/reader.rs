@@ -17,6 +17,10 @@
 //!   parsed, and one that does not parse as a record is skipped and
 //!   counted ([`Traced::skipped`]).
 //! - The same line read twice (a batch the writer sent again) is one record.
+//! - A batch not published by the group (its `user_id`, which the broker
+//!   checks, is not the journal broker's user nor one of
+//!   `inbound.trusted_users`) is not the forwarders' history: the lines in
+//!   it that hold the id are ignored and counted ([`Traced::ignored`]).
 //! - Records are printed oldest first by `settled_at`, then `received_at`:
 //!   a timeline ([`timeline`]) or, with `--json`, each line as stored.
 //!
@@ -124,6 +128,8 @@ pub struct Traced {
     pub found: usize,
     /// Lines that held the id but did not parse as a record.
     pub skipped: u64,
+    /// Lines that held the id in batches the group did not write.
+    pub ignored: u64,
     /// Stream messages read.
     pub batches: u64,
 }
@@ -172,7 +178,7 @@ pub async fn trace(
     let reader = JournalReader::open(journal, &settings.name)
         .await
         .map_err(failed)?;
-    let mut search = Search::new(&request.id);
+    let mut search = Search::new(&request.id, settings.stream_writers(&journal.broker));
     // A window that starts after now holds nothing yet.
     let read = if request.window.start > started {
         Ok(0)
@@ -200,6 +206,7 @@ pub async fn trace(
         window: request.window.clone(),
         found: found.len(),
         skipped: search.skipped,
+        ignored: search.ignored,
         batches,
     })
 }
@@ -234,7 +241,7 @@ async fn follow(
             break;
         }
         batches += 1;
-        search.batch(&batch.body);
+        search.batch(&batch.body, batch.writer.as_deref());
         shown.batch(&batch, tail, search.found.len());
         if tail.is_some_and(|tail| batch.offset >= tail) {
             break;
@@ -264,10 +271,13 @@ struct Search {
     /// Lines already found, so that a batch written twice counts once.
     seen: BTreeSet<Vec<u8>>,
     skipped: u64,
+    /// Whose batches are the group's (empty: anyone's, the user unknown).
+    writers: Vec<String>,
+    ignored: u64,
 }
 
 impl Search {
-    fn new(id: &str) -> Self {
+    fn new(id: &str, writers: Vec<String>) -> Self {
         let quoted = serde_json::to_string(id).unwrap_or_else(|_| format!("\"{id}\""));
         let escaped = &quoted[1..quoted.len() - 1];
         Self {
@@ -276,17 +286,27 @@ impl Search {
             found: Vec::new(),
             seen: BTreeSet::new(),
             skipped: 0,
+            writers,
+            ignored: 0,
         }
     }
 
-    /// Parses every line of `body` that holds the id, once per line.
-    fn batch(&mut self, body: &[u8]) {
+    /// Parses every line of `body`, a batch `writer` published, that holds
+    /// the id, once per line; counts them instead when the batch is not
+    /// the group's.
+    fn batch(&mut self, body: &[u8], writer: Option<&str>) {
+        let ours =
+            self.writers.is_empty() || writer.is_some_and(|w| self.writers.iter().any(|u| u == w));
         let mut from = 0;
         while let Some(hit) = self.finder.find(&body[from..]) {
             let at = from + hit;
             let start = memchr::memrchr(b'\n', &body[..at]).map_or(0, |i| i + 1);
             let end = memchr::memchr(b'\n', &body[at..]).map_or(body.len(), |i| at + i);
-            self.line(body[start..end].trim_ascii());
+            if ours {
+                self.line(body[start..end].trim_ascii());
+            } else {
+                self.ignored += 1;
+            }
             from = end;
         }
     }
@@ -401,15 +421,27 @@ mod tests {
             body.extend_from_slice(&line);
             body.push(b'\n');
         }
-        let mut search = Search::new("m-1");
-        search.batch(&body);
+        let mut search = Search::new("m-1", Vec::new());
+        search.batch(&body, None);
         // The duplicate line counts once; m-10, "other" and x are not m-1.
         assert_eq!(search.found.len(), 1);
         assert_eq!(search.skipped, 1, "only the broken line that names m-1");
-        let mut by_copy = Search::new("logging:m-1");
-        by_copy.batch(&body);
+        let mut by_copy = Search::new("logging:m-1", Vec::new());
+        by_copy.batch(&body, None);
         assert_eq!(by_copy.found.len(), 1);
         assert_eq!(by_copy.found[0].0.message_id.as_deref(), Some("x"));
+        // A batch another user published, or one without a user, is not
+        // the group's history: its lines are counted, never shown.
+        let writers = vec!["switchyard".to_owned()];
+        for writer in [Some("producer"), None] {
+            let mut guarded = Search::new("m-1", writers.clone());
+            guarded.batch(&body, writer);
+            assert_eq!(guarded.found.len(), 0, "{writer:?}");
+            assert!(guarded.ignored >= 2, "{writer:?}: {}", guarded.ignored);
+        }
+        let mut ours = Search::new("m-1", writers);
+        ours.batch(&body, Some("switchyard"));
+        assert_eq!((ours.found.len(), ours.ignored), (1, 0));
     }
 
     #[test]
@@ -420,8 +452,8 @@ mod tests {
         }))
         .unwrap_or_default();
         line.push(b'\n');
-        let mut search = Search::new("a\"b\\c");
-        search.batch(&line);
+        let mut search = Search::new("a\"b\\c", Vec::new());
+        search.batch(&line, None);
         assert_eq!(search.found.len(), 1);
     }
 
@@ -432,6 +464,7 @@ mod tests {
             timestamp,
             records: None,
             body: Vec::new(),
+            writer: None,
         };
         assert!(!past_end(&batch(10, Some(2_000)), Some(10), 1_000));
         assert!(past_end(&batch(11, Some(10)), Some(10), 1_000));

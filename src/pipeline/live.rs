@@ -35,6 +35,7 @@ impl Live {
     /// Generation 1, from `settings`.
     pub(super) fn new(settings: Settings, common: Common) -> Self {
         let first = Generation::build(1, settings.clone(), None, &common);
+        common.group.set_rules(Arc::new(settings.clone()));
         let registered = common.group.registered().borrow().clone();
         Self {
             generation: watch::Sender::new(Arc::new(first)),
@@ -204,6 +205,7 @@ impl Live {
         }
         let next = Arc::new(next);
         *built_with = registered;
+        self.common.group.set_rules(Arc::new(base.clone()));
         *self.base.lock().unwrap_or_else(|e| e.into_inner()) = base;
         self.generation.send_replace(next.clone());
         self.announce(&next);

@@ -3,8 +3,8 @@
 //! unregistered and lapsed, and the control stream's own troubles. Tokens
 //! are never logged; who sent a command is the instance that took it.
 
-use super::Telemetry;
-use super::metrics::BranchLabels;
+use super::metrics::{BranchLabels, WhyLabels};
+use super::{Telemetry, lock, once_a_minute};
 use std::fmt::Display;
 use std::time::Duration;
 
@@ -51,6 +51,7 @@ impl Telemetry {
 
     /// A service instance joined a branch (or changed its destination).
     pub fn registered(&self, branch: &str, endpoint: &str, routing_key: &str, ttl: Duration) {
+        lock(&self.metrics.retired).remove(endpoint);
         tracing::info!(
             branch,
             endpoint,
@@ -69,6 +70,8 @@ impl Telemetry {
             why,
             "service instance left the branch's list"
         );
+        lock(&self.metrics.retired).insert(endpoint.to_owned());
+        self.forget_endpoint(endpoint);
     }
 
     /// How many instances are registered into `branch` now.
@@ -139,6 +142,50 @@ impl Telemetry {
     }
 
     /// A record of the control stream could not be read: skipped.
+    /// A control record whose `user_id` is not one of the group's writers
+    /// was skipped (a producer's); counted, logged at most once a minute.
+    pub fn stream_record_ignored(&self, stream: &str, offset: u64, writer: Option<&str>) {
+        self.control_ignored("writer");
+        if once_a_minute(&self.metrics.control_ignored_logged_ms, self.now_ms()) {
+            tracing::warn!(
+                stream,
+                offset,
+                user_id = writer.unwrap_or("-"),
+                "ignored a control record not published by the group's user (inbound.trusted_users \
+                 or the stream broker's own): grant no one else write on the stream (logged at \
+                 most once a minute; switchyard_control_records_ignored_total counts them all)"
+            );
+        }
+    }
+
+    /// A command record the configuration in force does not allow was not
+    /// applied; counted, logged at most once a minute.
+    pub fn control_record_refused(&self, offset: u64, instance: &str, refusal: &dyn Display) {
+        self.control_ignored("refused");
+        if once_a_minute(&self.metrics.control_ignored_logged_ms, self.now_ms()) {
+            tracing::warn!(
+                offset,
+                instance,
+                reason = %refusal,
+                "a control record was not applied: the configuration in force does not allow it \
+                 (logged at most once a minute; switchyard_control_records_ignored_total counts \
+                 them all)"
+            );
+        }
+    }
+
+    /// A request to `/control` or `/registry` came without a valid token.
+    pub fn admin_unauthorized(&self) {
+        self.metrics.admin_unauthorized.inc();
+    }
+
+    fn control_ignored(&self, why: &'static str) {
+        self.metrics
+            .control_ignored
+            .get_or_create(&WhyLabels { why })
+            .inc();
+    }
+
     pub fn control_record_unreadable(&self, offset: u64, error: &dyn Display) {
         tracing::warn!(offset, %error, "control stream record unreadable; skipped");
     }

@@ -2,9 +2,10 @@
 //! copies confirmed, retried, failed over, held for an outage or
 //! dead-lettered, and the series that count them.
 
-use super::metrics::{FailoverLabels, Metrics, ReasonLabels};
-use super::{Telemetry, millis, once_a_minute};
+use super::metrics::{EndpointLabels, EndpointStateLabels, FailoverLabels, Metrics, ReasonLabels};
+use super::{Telemetry, lock, millis, once_a_minute};
 use crate::wire::Ignored;
+use prometheus_client::metrics::counter::Counter;
 use std::fmt::Display;
 use std::sync::Arc;
 use std::time::Duration;
@@ -70,11 +71,7 @@ impl Telemetry {
             let _ = self.metrics.replays.get(branch, endpoint);
         }
         for pair in endpoints.windows(2) {
-            let _ = self.metrics.failovers.get_or_create(&FailoverLabels {
-                branch: branch.to_owned(),
-                from: pair[0].to_owned(),
-                to: pair[1].to_owned(),
-            });
+            let _ = self.failover_counter(branch, pair[0], pair[1]);
         }
     }
 
@@ -139,14 +136,52 @@ impl Telemetry {
                 tracing::warn!(message_id, branch, endpoint = from, next = to, %error, "failover")
             }
         }
-        self.metrics
-            .failovers
-            .get_or_create(&FailoverLabels {
-                branch: branch.to_owned(),
-                from: from.to_owned(),
-                to: to.to_owned(),
-            })
-            .inc();
+        self.failover_counter(branch, from, to).inc();
+    }
+
+    fn failover_counter(&self, branch: &str, from: &str, to: &str) -> Counter {
+        let labels = FailoverLabels {
+            branch: branch.to_owned(),
+            from: from.to_owned(),
+            to: to.to_owned(),
+        };
+        let counter = self.metrics.failovers.get_or_create_owned(&labels);
+        lock(&self.metrics.failover_series).insert(labels);
+        counter
+    }
+
+    /// Removes every series of `endpoint` (a registered endpoint that
+    /// left): its state, copies, retries, replays and failovers.
+    pub(super) fn forget_endpoint(&self, endpoint: &str) {
+        let metrics = &self.metrics;
+        let labels = EndpointLabels {
+            endpoint: endpoint.to_owned(),
+        };
+        metrics.endpoint_up.remove(&labels);
+        for state in ["up", "down", "drained"] {
+            metrics.endpoint_state.remove(&EndpointStateLabels {
+                endpoint: endpoint.to_owned(),
+                state,
+            });
+        }
+        lock(&metrics.drained).remove(endpoint);
+        for counters in [&metrics.forwarded, &metrics.retries, &metrics.replays] {
+            counters.forget(endpoint);
+        }
+        lock(&metrics.failover_series).retain(|l| {
+            let keep = l.from != endpoint && l.to != endpoint;
+            if !keep {
+                metrics.failovers.remove(l);
+            }
+            keep
+        });
+    }
+
+    /// An endpoint's publisher stopped: no copy can count for it any more.
+    pub fn publisher_stopped(&self, endpoint: &str) {
+        if lock(&self.metrics.retired).contains(endpoint) {
+            self.forget_endpoint(endpoint);
+        }
     }
 
     /// A message was dead-lettered.

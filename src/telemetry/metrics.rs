@@ -71,6 +71,11 @@ pub(super) struct NodeLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct WhyLabels {
+    pub(super) why: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub(super) struct CodeLabels {
     pub(super) code: u16,
 }
@@ -119,6 +124,19 @@ impl RouteCounters {
         self.get(branch, endpoint).inc();
     }
 
+    /// Removes every series of `endpoint`, whatever the branch.
+    pub(super) fn forget(&self, endpoint: &str) {
+        let mut cache = self.cache.write().unwrap_or_else(|e| e.into_inner());
+        for (branch, endpoints) in cache.iter_mut() {
+            if endpoints.remove(endpoint).is_some() {
+                self.family.remove(&RouteLabels {
+                    branch: branch.clone(),
+                    endpoint: endpoint.into(),
+                });
+            }
+        }
+    }
+
     /// The series, created (at zero) if need be.
     pub(super) fn get(&self, branch: &str, endpoint: &str) -> Counter {
         let labels = RouteLabels {
@@ -142,6 +160,11 @@ pub(super) struct Metrics {
     pub(super) retries: RouteCounters,
     pub(super) replays: RouteCounters,
     pub(super) failovers: Family<FailoverLabels, Counter>,
+    /// The label sets of `failovers`, so that an endpoint's can be found.
+    pub(super) failover_series: std::sync::Mutex<rustc_hash::FxHashSet<FailoverLabels>>,
+    /// Registered endpoints that left: their series are removed, and again
+    /// when their publisher stops (a copy in flight may have made one).
+    pub(super) retired: std::sync::Mutex<rustc_hash::FxHashSet<String>>,
     pub(super) dead_lettered: Family<ReasonLabels, Counter>,
     pub(super) confirm_seconds: Histogram,
     pub(super) in_flight: Gauge,
@@ -178,6 +201,11 @@ pub(super) struct Metrics {
     pub(super) spans_dropped_logged_ms: AtomicU64,
     /// Spans dropped since the last `spans dropped` line.
     pub(super) spans_dropped_since: AtomicU64,
+    /// Control records not applied: `writer` (not the group's), `refused`
+    /// (a rule of the configuration in force).
+    pub(super) control_ignored: Family<WhyLabels, Counter>,
+    pub(super) control_ignored_logged_ms: AtomicU64,
+    pub(super) admin_unauthorized: Counter,
     pub(super) started: Instant,
 }
 
@@ -192,6 +220,8 @@ impl Metrics {
             retries: RouteCounters::default(),
             replays: RouteCounters::default(),
             failovers: Family::default(),
+            failover_series: std::sync::Mutex::default(),
+            retired: std::sync::Mutex::default(),
             dead_lettered: Family::default(),
             confirm_seconds: Histogram::new(CONFIRM_BUCKETS),
             in_flight: Gauge::default(),
@@ -220,6 +250,9 @@ impl Metrics {
             spans_dropped: Counter::default(),
             spans_dropped_logged_ms: AtomicU64::new(0),
             spans_dropped_since: AtomicU64::new(0),
+            control_ignored: Family::default(),
+            control_ignored_logged_ms: AtomicU64::new(0),
+            admin_unauthorized: Counter::default(),
             started: Instant::now(),
         };
         let untrusted: Family<HeaderLabels, Counter> = Family::default();
@@ -360,6 +393,16 @@ impl Metrics {
             "switchyard_spans_dropped",
             "Spans not exported: the export queue was full or the collector refused or could not be reached",
             metrics.spans_dropped.clone(),
+        );
+        r.register(
+            "switchyard_control_records_ignored",
+            "Control stream records not applied, by why: writer (its user_id is not one of the group's writers: a producer's), refused (the configuration in force does not allow it)",
+            metrics.control_ignored.clone(),
+        );
+        r.register(
+            "switchyard_admin_unauthorized",
+            "Requests to the admin endpoint's /control and /registry refused for a missing or wrong token (401)",
+            metrics.admin_unauthorized.clone(),
         );
         metrics
     }

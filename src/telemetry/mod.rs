@@ -75,6 +75,11 @@ fn once_a_minute(last: &AtomicU64, now_ms: u64) -> bool {
     once_every(last, now_ms, 60_000)
 }
 
+/// The mutex's value, whether or not a holder panicked.
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// [`once_a_minute`], at most once every `every_ms`.
 fn once_every(last: &AtomicU64, now_ms: u64, every_ms: u64) -> bool {
     let logged = last.load(Ordering::Relaxed);

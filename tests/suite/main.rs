@@ -44,6 +44,9 @@ mod control;
 #[path = "../control_group.rs"]
 mod control_group;
 
+#[path = "../control_trust.rs"]
+mod control_trust;
+
 #[path = "../ctl.rs"]
 mod ctl;
 

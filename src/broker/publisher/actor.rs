@@ -125,6 +125,7 @@ impl Actor {
         {
             close_channel(&channel, "switchyard: shutdown", &self.telemetry).await;
         }
+        self.telemetry.publisher_stopped(&self.endpoint.name);
     }
 
     async fn start(&mut self, request: Request, in_flight: &mut FuturesUnordered<InFlight>) {

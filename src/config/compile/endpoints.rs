@@ -140,9 +140,6 @@ fn check_endpoint_loop(
     };
     Err(InvalidKey::new(
         format!("endpoints.{name}.{key}"),
-        format!(
-            "{what} would route every copy back into the inbound queue (a forwarding loop); \
-             name another queue"
-        ),
+        crate::config::loop_words(&what),
     ))
 }
