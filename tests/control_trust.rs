@@ -326,6 +326,11 @@ async fn registrations_obey_the_rules_of_the_file() {
     }
     let status = control.status().await;
     assert!(registered(&status, "workers").is_empty(), "{status}");
+    // A wrong token is refused, and counted.
+    let guess = ControlClient::new(control.addr, "guess");
+    assert_eq!(guess.send("POST", "/control/pause", None).await.status, 401);
+    let m = metrics(control.addr).await;
+    assert_eq!(m.get("switchyard_admin_unauthorized_total", &[]), Some(1.0));
     running.stop().await.unwrap_or_else(|e| panic!("stop: {e}"));
     broker.close().await;
     delete_all_with_prefix(&p).await;

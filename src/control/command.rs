@@ -2,8 +2,8 @@
 //! configuration in force and the group's state before anything is
 //! written: a refused command changes nothing and says why.
 
-use super::group::now_ms;
 use super::record::Body;
+use super::record::now_ms;
 use super::state::GroupState;
 use super::state::Registration;
 use crate::config::Settings;

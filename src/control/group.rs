@@ -15,7 +15,7 @@
 use super::apply::Changed;
 use super::base::{Base, Step};
 use super::command::{Refusal, check_registration};
-use super::record::{Body, Record};
+use super::record::{Body, Record, now_ms};
 use super::state::GroupState;
 use super::state::Registration;
 use crate::backoff::Backoff;
@@ -25,7 +25,7 @@ use crate::destination::Endpoint;
 use crate::telemetry::Telemetry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -717,13 +717,6 @@ pub fn instance_name() -> String {
         })
         .unwrap_or_else(|| "localhost".to_owned());
     format!("{host}:{}", std::process::id())
-}
-
-/// Unix milliseconds now.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {

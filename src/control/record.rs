@@ -4,6 +4,14 @@
 
 use super::state::{GroupState, Registration};
 use serde::{Deserialize, Serialize};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Unix milliseconds now: what records are stamped with.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
 
 /// One record of the control stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
