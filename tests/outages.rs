@@ -1,8 +1,10 @@
-//! An outage is not a message failure (the default): a broker restarted
-//! twice mid-stream dead-letters nothing, in either dead-letter mode (two
-//! forwarders side by side under the same restarts, one per mode); a
-//! broker that stops answering confirms on every endpoint holds the
-//! messages and delivers them once it answers again; and with
+//! An outage is not a message failure (the default), even beside a
+//! refusal: a broker restarted twice mid-stream dead-letters nothing, in
+//! either dead-letter mode (two forwarders side by side under the same
+//! restarts, one per mode); a broker that stops answering confirms on
+//! every endpoint holds the messages and delivers them once it answers
+//! again; a primary refusing every copy while the backup's connection is
+//! closed under copies on their way to it dead-letters nothing; and with
 //! `outage = "dead_letter"` and `outage_timeout_ms` an outage past the
 //! bound dead-letters with reason `outage`.
 
@@ -387,5 +389,114 @@ async fn with_outage_dead_letter_an_outage_past_its_bound_dead_letters_with_reas
         );
     }
     drop(proxy);
+    delete_all_with_prefix(&p).await;
+}
+
+/// The seed scenario with its service primary refusing every copy (a queue
+/// at `x-max-length = 0` with `reject-publish`, so the broker nacks), while
+/// the broker closes (`rabbitmqctl close_connection`) the connection the
+/// backup is published on, twice under 10,000 messages, each time with
+/// copies on their way to it: the primary refused them and the backup
+/// could not be reached for them, so they are held until it is back,
+/// never dead-lettered. The backup's broker is the same RabbitMQ through a
+/// proxy, which holds what the forwarder sends for an instant before each
+/// close, so that copies are in flight when it comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusing_primary_and_closed_connections_together_dead_letter_nothing() {
+    const MESSAGES: u32 = 10_000;
+    let p = unique_prefix("refuse-close");
+    let broker = TestBroker::connect(&p).await;
+    let refusing = support::field_table([
+        ("x-max-length", lapin::types::AMQPValue::LongLongInt(0)),
+        ("x-overflow", support::amqp_str("reject-publish")),
+    ]);
+    broker
+        .declare_queue_with(&format!("{p}.service"), refusing)
+        .await;
+    for queue in ["service.backup", "logging", "logging.backup"] {
+        broker.declare_queue(&format!("{p}.{queue}")).await;
+    }
+    let proxy = FaultProxy::start(amqp_addr()).await;
+    let toml = support::config::Forwarder::new(&p)
+        .broker("backup", &proxy.amqp_url())
+        .seed_with(&p, |e| {
+            let e = e.undeclared();
+            if e.name() == "service_backup" {
+                e.on("backup")
+            } else {
+                e
+            }
+        })
+        .toml();
+    let inbound = format!("{p}.in");
+    let forwarder = InProcess::start_consuming(&toml, &broker, &inbound).await;
+    // A backlog: the forwarder works through it at full prefetch.
+    let messages = (0..MESSAGES).map(|i| {
+        let id = format!("{p}-{i:05}");
+        let props = BasicProperties::default().with_message_id(id.as_str().into());
+        (id, props)
+    });
+    broker.publish_windowed("", &inbound, messages, 1_000).await;
+    let backup = format!("{p}.service.backup");
+    let connection = format!("{p}/publish/backup");
+    let mut closed = 0;
+    for after in [1_000, 5_000] {
+        wait_until(
+            &format!("{after} copies on the backup"),
+            Duration::from_secs(90),
+            || async { broker.queue_len(&backup).await >= after },
+        )
+        .await;
+        proxy.stall_upstream();
+        let held = proxy.held();
+        wait_until(
+            "copies on their way to the backup",
+            DEFAULT_TIMEOUT,
+            || async { proxy.held() > held },
+        )
+        .await;
+        closed += support::close_connections_named(&connection).await;
+        proxy.resume();
+    }
+    assert_eq!(closed, 2, "the backup's connection was closed twice");
+    let queues: Vec<String> = ["service", "service.backup", "logging", "logging.backup"]
+        .iter()
+        .map(|q| format!("{p}.{q}"))
+        .collect();
+    wait_until(
+        &format!("{inbound} settled"),
+        Duration::from_secs(180),
+        || async { ready_unacked(&inbound).await == Some((0, 0)) },
+    )
+    .await;
+    let dead = broker.queue_len(&format!("{p}.dlq")).await;
+    forwarder
+        .stop()
+        .await
+        .unwrap_or_else(|e| panic!("stop: {e}"));
+    assert_eq!(
+        dead, 0,
+        "a refusal beside a closed connection dead-letters nothing"
+    );
+    assert_eq!(
+        broker.queue_len(&queues[0]).await,
+        0,
+        "the primary refuses all"
+    );
+    let service = tally_queues(&broker, &queues[..2]).await;
+    let logging = tally_queues(&broker, &queues[2..]).await;
+    let mut duplicates = 0;
+    for i in 0..MESSAGES {
+        let id = format!("{p}-{i:05}");
+        for (branch, got) in [("service", &service), ("logging", &logging)] {
+            let n = got.get(&id).copied().unwrap_or(0);
+            assert!(n >= 1, "{id} never reached {branch}");
+            duplicates += n - 1;
+        }
+    }
+    println!(
+        "{MESSAGES} messages, the backup's connection closed twice with copies in flight: \
+         none lost, none dead-lettered, {duplicates} duplicate copies"
+    );
     delete_all_with_prefix(&p).await;
 }

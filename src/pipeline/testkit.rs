@@ -24,6 +24,8 @@ pub struct Call {
     pub mode: Mode,
     /// The headers the caller added.
     pub extra: Vec<(ShortString, AmqpValue)>,
+    /// The endpoint's health when it was called.
+    pub health: Health,
 }
 
 impl Call {
@@ -118,7 +120,9 @@ impl Publish for Script {
         extra: Vec<(ShortString, AmqpValue)>,
         mode: Mode,
     ) -> Attempt {
+        let health = self.health(endpoint);
         let call = Call {
+            health,
             endpoint: endpoint.name.clone(),
             message_id: envelope.message_id().into_owned(),
             replay: extra.iter().any(|(name, _)| name.as_str() == wire::REPLAY),

@@ -218,6 +218,11 @@ impl BranchPlan {
         self.endpoints.is_empty()
     }
 
+    /// How many endpoints its list has.
+    pub fn len(&self) -> usize {
+        self.endpoints.len()
+    }
+
     /// The endpoint tried `i`-th (from 0), if the list is that long.
     pub fn endpoint(&self, i: usize) -> Option<&Arc<Endpoint>> {
         let n = self.endpoints.len();

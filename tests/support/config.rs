@@ -170,6 +170,11 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// Publishes through the default exchange to `queue` on broker
     /// `main`, declaring it at start.
     pub fn queue(name: &str, queue: &str) -> Self {

@@ -16,6 +16,8 @@ use tokio::task::JoinHandle;
 struct ProxyShared {
     upstream: SocketAddr,
     stalled: watch::Sender<Stall>,
+    /// Reads a stall has held.
+    held: AtomicU64,
     refuse: AtomicBool,
     next_id: AtomicU64,
     conns: Mutex<HashMap<u64, Arc<Kill>>>,
@@ -80,6 +82,7 @@ impl FaultProxy {
         let shared = Arc::new(ProxyShared {
             upstream,
             stalled,
+            held: AtomicU64::new(0),
             refuse: AtomicBool::new(false),
             next_id: AtomicU64::new(0),
             conns: Mutex::new(HashMap::new()),
@@ -121,6 +124,18 @@ impl FaultProxy {
     /// client sends still reaches the broker. `resume()` releases it.
     pub fn stall_downstream(&self) {
         self.shared.stalled.send_replace(Stall::Downstream);
+    }
+
+    /// Holds only what the client sends (its publishes never reach the
+    /// broker); what the broker sends (a close) still reaches the client.
+    /// `resume()` releases it.
+    pub fn stall_upstream(&self) {
+        self.shared.stalled.send_replace(Stall::Upstream);
+    }
+
+    /// Reads held by a stall so far (a read is counted when it is held).
+    pub fn held(&self) -> u64 {
+        self.shared.held.load(Ordering::SeqCst)
     }
 
     /// Whether the proxy is currently stalled, in either direction.
@@ -207,8 +222,8 @@ async fn proxy_connection(
         let (cr, cw) = client.split();
         let (ur, uw) = upstream.split();
         tokio::select! {
-            _ = pump(cr, uw, Stall::Both, shared.stalled.subscribe(), &kill.killed) => false,
-            _ = pump(ur, cw, Stall::Downstream, shared.stalled.subscribe(), &kill.killed) => false,
+            _ = pump(cr, uw, Stall::Upstream, &shared, &kill.killed) => false,
+            _ = pump(ur, cw, Stall::Downstream, &shared, &kill.killed) => false,
             _ = kill.notify.notified() => true,
         }
     };
@@ -224,22 +239,19 @@ async fn proxy_connection(
 enum Stall {
     None,
     Both,
+    Upstream,
     Downstream,
 }
 
 /// Copies bytes from `r` to `w`, holding them while the proxy is stalled in
-/// this pump's direction (`Stall::Both` for client to broker,
-/// `Stall::Downstream` for broker to client, which either stall holds).
-async fn pump<R, W>(
-    mut r: R,
-    mut w: W,
-    direction: Stall,
-    mut stalled: watch::Receiver<Stall>,
-    killed: &AtomicBool,
-) where
+/// this pump's direction (`Stall::Upstream` for client to broker,
+/// `Stall::Downstream` for broker to client; `Stall::Both` holds either).
+async fn pump<R, W>(mut r: R, mut w: W, direction: Stall, shared: &ProxyShared, killed: &AtomicBool)
+where
     R: AsyncReadExt + Unpin,
     W: AsyncWriteExt + Unpin,
 {
+    let mut stalled = shared.stalled.subscribe();
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         let n = match r.read(&mut buf).await {
@@ -247,6 +259,9 @@ async fn pump<R, W>(
             Ok(n) => n,
         };
         let holds = |s: &Stall| *s == Stall::Both || *s == direction;
+        if holds(&stalled.borrow()) {
+            shared.held.fetch_add(1, Ordering::SeqCst);
+        }
         if stalled.wait_for(|s| !holds(s)).await.is_err() || killed.load(Ordering::SeqCst) {
             break;
         }

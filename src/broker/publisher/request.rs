@@ -46,6 +46,10 @@ pub enum PublishFailure {
     /// The publisher is shutting down.
     #[error("publisher stopped")]
     Stopped,
+    /// The endpoint was skipped as down (its connection or channel failed
+    /// and it is probed): it did not refuse the message. An outage.
+    #[error("skipped as down: its connection or channel failed; it is probed until it works")]
+    Down,
     /// The list has no endpoint to publish to: every one is drained, or
     /// none is registered yet. An outage, never the message's fault.
     #[error(
@@ -73,9 +77,11 @@ impl PublishFailure {
     /// user. A list exhausted only by these is an outage, held by default.
     pub fn is_outage(&self) -> bool {
         match self {
-            Self::Timeout(_) | Self::Unreachable(_) | Self::NackedSettling | Self::NoEndpoint => {
-                true
-            }
+            Self::Timeout(_)
+            | Self::Unreachable(_)
+            | Self::NackedSettling
+            | Self::NoEndpoint
+            | Self::Down => true,
             Self::Broker(e) => matches!(e.fault(), Fault::Connection | Fault::Refused),
             Self::Nacked | Self::Returned { .. } | Self::Rejected(_) | Self::Stopped => false,
         }

@@ -8,7 +8,7 @@
 //!     received 13:04:01.000Z, settled after 250 ms
 //!     error: logging: nacked by the broker
 //!     service: delivered
-//!       13:04:01.100Z  primary  returned (reply 312)
+//!       13:04:01.100Z  primary  returned (reply 312)  (refused the copy)
 //!       13:04:01.200Z  backup   confirmed
 //!     logging: failed
 //!       13:04:01.240Z  log      held 1500 ms  replay
@@ -101,6 +101,15 @@ fn step(a: &AttemptRecord, date: Option<&str>, width: usize) -> String {
     }
     if a.replay {
         text.push_str("  replay");
+    }
+    // Which kind of failure it was: only a list every endpoint of which
+    // refused the copy dead-letters it.
+    match a.outcome.as_str() {
+        "returned" | "nacked" => text.push_str("  (refused the copy)"),
+        "timed-out" | "lost" | "unreachable" | "skipped-down" => {
+            text.push_str("  (not reached: the copy is held for it)")
+        }
+        _ => {}
     }
     text
 }
@@ -196,7 +205,7 @@ mod tests {
     received 13:04:01.000Z, settled after 250 ms
     error: logging: nacked.by the broker
     service: delivered
-      13:04:01.100Z  primary  returned (reply 312)
+      13:04:01.100Z  primary  returned (reply 312)  (refused the copy)
       13:04:01.200Z  backup   confirmed
     logging: failed
       13:04:01.240Z  log  held 1500 ms  replay

@@ -6,7 +6,7 @@
 
 use crate::backoff::Backoff;
 use crate::broker::{Health, Publish};
-use crate::routing::BranchPlan;
+use crate::destination::Endpoint;
 use crate::telemetry::Telemetry;
 use std::sync::Arc;
 use std::time::Duration;
@@ -74,13 +74,14 @@ impl Outages {
         let _ = self.holding.subscribe().wait_for(|n| *n == 0).await;
     }
 
-    /// Holds, counted as holding, until an endpoint of `plan` is up (and a
+    /// Holds, counted as holding, until one of `waiting_for` (the
+    /// endpoints of the list that did not refuse the message) is up (and a
     /// pause since the last try has passed), `lost` is cancelled, or
     /// `deadline` passes.
     pub(super) async fn hold(
         &self,
         publish: &dyn Publish,
-        plan: &BranchPlan,
+        waiting_for: &[&Arc<Endpoint>],
         hold: &mut Hold,
         lost: &CancellationToken,
         deadline: Option<Instant>,
@@ -90,7 +91,7 @@ impl Outages {
         let mut changes = publish.health_changes();
         loop {
             let paused = Instant::now() < pause_until;
-            if !paused && plan.endpoints().any(|e| publish.health(e) == Health::Up) {
+            if !paused && waiting_for.iter().any(|e| publish.health(e) == Health::Up) {
                 return HoldEnd::Recovered;
             }
             tokio::select! {

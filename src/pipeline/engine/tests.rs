@@ -224,20 +224,182 @@ async fn with_outage_dead_letter_an_outage_ends_the_branch_at_once_or_after_its_
     );
 }
 
+/// Forwards `message` through `settings` in a task of its own; the
+/// outcome once it ends.
+fn spawn_forward(
+    engine: &Engine,
+    settings: &Settings,
+    message: &Arc<Envelope>,
+) -> tokio::task::JoinHandle<Outcome> {
+    let started = engine.start(message, settings.routing.route(message));
+    let engine = engine.clone();
+    let lost = CancellationToken::new();
+    tokio::spawn(async move { started.finish(&engine, &lost).await })
+}
+
+/// Endpoints that refuse (nack) every copy, and endpoints that cannot be
+/// reached until `set_health(_, Up)` says they are back (then they ack).
+fn refusing_and_unreachable(refusing: &'static [&'static str]) -> Arc<Script> {
+    Script::new(move |call, _| {
+        if refusing.contains(&call.endpoint.as_str()) {
+            Reply::Fail(PublishFailure::Nacked)
+        } else if call.health == Health::Up {
+            Reply::Ack
+        } else {
+            Reply::Fail(unreachable())
+        }
+    })
+}
+
+/// A refusal and an unreachable endpoint, in either order, in a list of
+/// two or of three: the branch holds (never fails) until the endpoint that
+/// did not refuse is back, and delivers there; a list whose every
+/// endpoint refused fails.
 #[tokio::test(start_paused = true)]
-async fn a_list_exhausted_by_a_refusal_as_well_as_an_outage_fails() {
-    let script = Script::new(|call, _| match call.endpoint.as_str() {
-        "a" => Reply::Fail(PublishFailure::Nacked),
-        _ => Reply::Fail(unreachable()),
+async fn a_refusal_and_an_unreachable_endpoint_together_hold_until_it_is_back() {
+    let cases: [(&[&str], &[&str], &str); 4] = [
+        // (list, refusing, reached once back)
+        (&["a", "b"], &["a"], "b"),
+        (&["a", "b"], &["b"], "a"),
+        (&["a", "b", "c"], &["a", "c"], "b"),
+        (&["a", "b", "c"], &["b"], "a"),
+    ];
+    for (list, refusing, back) in cases {
+        let script = refusing_and_unreachable(refusing);
+        let (engine, _) = engine(&script);
+        let settings = settings(list, "service", "");
+        for endpoint in list.iter().filter(|e| !refusing.contains(e)) {
+            script.set_health(endpoint, Health::Unreachable);
+        }
+        let finished = spawn_forward(&engine, &settings, &envelope("m1", &[]));
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        assert!(
+            !finished.is_finished(),
+            "{list:?} refusing {refusing:?}: held"
+        );
+        assert!(engine.outages().any(), "counted as an outage hold");
+        let refusals_while_held = script
+            .calls()
+            .iter()
+            .filter(|c| refusing.iter().any(|r| c.starts_with(&format!("{r}:"))))
+            .count();
+        assert!(
+            refusals_while_held <= refusing.len(),
+            "{list:?}: the refusing endpoints are not asked again while nothing is back: {:?}",
+            script.calls()
+        );
+        script.set_health(back, Health::Up);
+        let outcome = finished.await.unwrap_or_default();
+        assert_eq!(outcome.branches, [delivered("service", back)], "{list:?}");
+        assert!(!engine.outages().any());
+    }
+    // Every endpoint refused: the list is exhausted.
+    let script = refusing_and_unreachable(&["a", "b", "c"]);
+    let (exhausted, _) = engine(&script);
+    let all = settings(&["a", "b", "c"], "service", "");
+    let outcome = forward(&exhausted, &all, &envelope("m1", &[])).await;
+    assert!(
+        matches!(&outcome.branches[..], [BranchOutcome::Failed { endpoint: Some(e), .. }] if e == "c"),
+        "{outcome:?}"
+    );
+}
+
+/// A refusal is remembered across holds: an endpoint that refused, then
+/// one that was unreachable and refuses once back, and the list fails.
+#[tokio::test(start_paused = true)]
+async fn a_list_every_endpoint_of_which_refused_fails_across_holds() {
+    let script = Script::new(|call, _| match (call.endpoint.as_str(), call.health) {
+        ("b", Health::Unreachable) => Reply::Fail(unreachable()),
+        _ => Reply::Fail(PublishFailure::Nacked),
     });
     let (engine, _) = engine(&script);
     let settings = settings(&["a", "b"], "service", "");
-    let outcome = forward(&engine, &settings, &envelope("m1", &[])).await;
+    script.set_health("b", Health::Unreachable);
+    let finished = spawn_forward(&engine, &settings, &envelope("m1", &[]));
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(!finished.is_finished(), "held while b is unreachable");
+    script.set_health("b", Health::Up);
+    let outcome = finished.await.unwrap_or_default();
     assert!(
         matches!(&outcome.branches[..], [BranchOutcome::Failed { .. }]),
-        "the nack says something of the message: {outcome:?}"
+        "{outcome:?}"
     );
-    assert!(!engine.outages().any());
+}
+
+/// A round-robin branch, a session's branch and an HTTP request's branch
+/// obey the same rule: a refusal beside an unreachable endpoint holds
+/// (the HTTP request ends as an outage, answered 503, not 502).
+#[tokio::test(start_paused = true)]
+async fn round_robin_sessions_and_http_hold_a_refusal_beside_an_unreachable_endpoint() {
+    // Round robin: whichever endpoint it starts on.
+    for id in ["m1", "m2"] {
+        let script = refusing_and_unreachable(&["a"]);
+        let (engine, _) = engine(&script);
+        let settings = settings(&["a", "b"], "service", "strategy = \"round_robin\"");
+        script.set_health("b", Health::Unreachable);
+        let finished = spawn_forward(&engine, &settings, &envelope(id, &[]));
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        assert!(!finished.is_finished(), "round robin {id}: held");
+        script.set_health("b", Health::Up);
+        let outcome = finished.await.unwrap_or_default();
+        assert_eq!(outcome.branches, [delivered("service", "b")], "{id}");
+    }
+    // A session: held, then the whole run replayed to the endpoint back.
+    {
+        let script = Script::new(|call, earlier| match call.endpoint.as_str() {
+            "a" if earlier >= 1 => Reply::Fail(PublishFailure::Nacked),
+            "a" => Reply::Ack,
+            _ if call.health == Health::Up => Reply::Ack,
+            _ => Reply::Fail(unreachable()),
+        });
+        let (engine, _) = engine(&script);
+        script.set_health("b", Health::Unreachable);
+        let mut branch = session_branch(&engine, "");
+        let lost = CancellationToken::new();
+        let walk = session_walk(&engine, &lost);
+        let first = vec![envelope("s-1", &[])];
+        assert!(matches!(
+            branch.deliver(&first, None, &walk).await,
+            BranchOutcome::Delivered { .. }
+        ));
+        let run = vec![envelope("s-1", &[]), envelope("s-2", &[])];
+        let (outcome, ()) = tokio::join!(branch.deliver(&run, None, &walk), async {
+            tokio::time::sleep(Duration::from_secs(600)).await;
+            assert!(engine.outages().any(), "the session's branch holds");
+            script.set_health("b", Health::Up);
+        });
+        assert_eq!(outcome, delivered("service", "b"));
+        assert!(
+            script
+                .calls()
+                .ends_with(&["b:s-1(replay)".to_owned(), "b:s-2".to_owned()]),
+            "{:?}",
+            script.calls()
+        );
+    }
+    // HTTP: the request's branch answers instead of holding, as an outage.
+    let script = refusing_and_unreachable(&["a"]);
+    let (engine, _) = engine(&script);
+    let settings = settings(&["a", "b"], "service", "");
+    script.set_health("b", Health::Unreachable);
+    let message = envelope("h1", &[]);
+    let mut plans = settings.routing.route(&message);
+    for plan in &mut plans {
+        plan.outage = crate::routing::Outage::Answer;
+    }
+    let outcome = engine
+        .start(&message, plans)
+        .finish(&engine, &CancellationToken::new())
+        .await;
+    assert!(
+        matches!(&outcome.branches[..], [BranchOutcome::Outage { endpoint, .. }] if endpoint == "b"),
+        "{outcome:?}"
+    );
+    let verdict = outcome.verdict();
+    assert!(
+        matches!(&verdict, Verdict::DeadLetter { cause, .. } if cause.reason() == Reason::Outage),
+        "an outage (503), not an exhausted list (502): {verdict:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -25,12 +25,17 @@
 //! same endpoint is tried again after a pause, counted as an outage hold
 //! so that consuming pauses meanwhile.
 //!
-//! A list exhausted by an outage alone (every failure of the pass says
-//! nothing of the message: unreachable, lost, stalled, or the forwarder's
-//! user refused) is not a failure: with `outage = "wait"` (the default) the
-//! branch holds the message until an endpoint of its list is up again and
-//! walks it again; with `"dead_letter"` it ends `Outage`, at once or after
-//! `outage_timeout_ms` of holding.
+//! A branch fails only when every endpoint of its list has *refused* the
+//! message (nacked it, returned it). An endpoint that could not be reached
+//! for it (its broker unreachable, the connection lost under the publish,
+//! no confirm in time, the forwarder's user refused, skipped as down, or
+//! drained) has not refused it, even if every other endpoint did: the pass
+//! ends in an outage, which with `outage = "wait"` (the default) holds the
+//! message until one of the endpoints that did not refuse it is up again,
+//! then walks the list again; with `"dead_letter"` it ends `Outage`, at
+//! once or after `outage_timeout_ms` of holding. A refusal is remembered
+//! across passes (the copy was refused there), so a list every endpoint of
+//! which has refused the message fails, however long that took.
 
 use super::Engine;
 use super::outage::{Hold, HoldEnd};
@@ -165,11 +170,11 @@ impl BranchRun {
         let telemetry = &walk.engine.telemetry;
         let mut first = first;
         let mut hold: Option<Hold> = None;
+        let mut refused = Refused::default();
         loop {
             let mut last_error: Option<(String, PublishFailure)> = None;
-            // Whether every failure of this pass down the list says nothing
-            // of the message (an outage).
-            let mut outage = true;
+            // The last failure of this pass that says nothing of the message.
+            let mut last_outage: Option<(String, PublishFailure)> = None;
             // Whether any endpoint of this pass was tried at all, and
             // whether one was passed over drained.
             let (mut tried, mut drained) = (false, false);
@@ -198,7 +203,11 @@ impl BranchRun {
                             };
                         }
                         Err(error) => {
-                            outage &= error.is_outage();
+                            if error.is_outage() {
+                                last_outage = Some((endpoint.name.clone(), error.clone()));
+                            } else if attempt == endpoint.retries {
+                                refused.insert(self.at, self.plan.len());
+                            }
                             if attempt < endpoint.retries {
                                 telemetry.retry(
                                     message_id,
@@ -229,10 +238,13 @@ impl BranchRun {
                 self.move_to(next);
             }
             let (endpoint, error) = match last_error {
-                // A drained endpoint may take it once undrained: held too.
-                Some((endpoint, error)) if (outage && error.is_outage()) || drained => {
-                    (endpoint, error)
+                // Every endpoint refused it: the list is exhausted.
+                Some(last) if refused.all(self.plan.len()) => {
+                    return self.exhausted(telemetry, message_id, Some(last));
                 }
+                // One that did not refuse it (unreachable, skipped as down,
+                // drained) may take it: held.
+                Some(last) => last_outage.unwrap_or_else(|| self.unrefused(&refused, last)),
                 // Nothing to publish to (every endpoint drained, or none
                 // registered yet): held as an outage, never dead-lettered.
                 None if !tried => (self.waiting_on(), PublishFailure::NoEndpoint),
@@ -261,8 +273,14 @@ impl BranchRun {
             let publish = walk.engine.publish.as_ref();
             let outages = &walk.engine.outages;
             let held_from = Instant::now();
+            // Back when one that did not refuse it is up: the others would
+            // refuse it again.
+            let unrefused: Vec<&Arc<Endpoint>> = (0..self.plan.len())
+                .filter(|place| !refused.has(*place))
+                .filter_map(|place| self.plan.endpoint(place))
+                .collect();
             let ended = outages
-                .hold(publish, &self.plan, hold, walk.lost, deadline)
+                .hold(publish, &unrefused, hold, walk.lost, deadline)
                 .await;
             self.held(newest, &endpoint, held_from.elapsed());
             match ended {
@@ -502,6 +520,20 @@ impl BranchRun {
         }
     }
 
+    /// What a hold says it waits on when no endpoint of the pass failed for
+    /// an outage (the one that did not refuse was skipped as down or
+    /// drained): the first such endpoint, or `last` when there is none.
+    fn unrefused(
+        &self,
+        refused: &Refused,
+        last: (String, PublishFailure),
+    ) -> (String, PublishFailure) {
+        (0..self.plan.len())
+            .find(|place| !refused.has(*place))
+            .and_then(|place| self.plan.endpoint(place))
+            .map_or(last, |e| (e.name.clone(), PublishFailure::Down))
+    }
+
     /// The endpoint a branch with nothing to publish to says it waits on:
     /// its first (`""` for a list with none).
     fn waiting_on(&self) -> String {
@@ -576,6 +608,32 @@ impl BranchRun {
     }
 }
 
+/// The places of a branch's list whose endpoint refused the message (a
+/// nack, a return): allocated at the first refusal, so a walk that
+/// delivers allocates nothing.
+#[derive(Debug, Default)]
+struct Refused(Vec<bool>);
+
+impl Refused {
+    fn insert(&mut self, place: usize, len: usize) {
+        if self.0.len() < len {
+            self.0.resize(len, false);
+        }
+        if let Some(slot) = self.0.get_mut(place) {
+            *slot = true;
+        }
+    }
+
+    fn has(&self, place: usize) -> bool {
+        self.0.get(place).copied().unwrap_or(false)
+    }
+
+    /// Whether every one of `len` places refused it.
+    fn all(&self, len: usize) -> bool {
+        len > 0 && (0..len).all(|place| self.has(place))
+    }
+}
+
 /// The journal's word for how one publish ended.
 fn attempted(sent: &Result<(), PublishFailure>) -> Attempted {
     match sent {
@@ -586,6 +644,7 @@ fn attempted(sent: &Result<(), PublishFailure>) -> Attempted {
         Err(PublishFailure::Broker(_)) => Attempted::Lost,
         Err(PublishFailure::Unreachable(_)) => Attempted::Unreachable,
         Err(PublishFailure::Rejected(_)) => Attempted::Refused,
+        Err(PublishFailure::Down) => Attempted::SkippedDown,
         Err(PublishFailure::Stopped | PublishFailure::NoEndpoint) => Attempted::Stopped,
     }
 }
