@@ -1,11 +1,13 @@
-//! The acceptance test of fault handling, in two runs that share every
-//! part but the broker.
+//! The acceptance test of fault handling, in three runs that share every
+//! part but the broker and the faults.
 //!
 //! `chaos_loses_nothing_under_faults`: 20,000 messages through the seed
 //! scenario (branches service and logging, each with one backup) with the
 //! real binary on a private node, while at random moments (a seeded RNG)
 //! the forwarder is SIGKILLed and restarted, its connections are closed, the
-//! primary service queue refuses publishes for a while, the broker app
+//! primary service queue refuses publishes for a while (once with the
+//! backup's connection closed inside that window, see `refuse+close`
+//! below), the broker app
 //! restarts, a memory alarm blocks publishers for longer than a confirm
 //! timeout, and poison messages ride along (a header table 3,000 levels
 //! deep, a content header a few bytes under frame_max). At the end every
@@ -43,6 +45,13 @@
 //! one message at a time so that the messages behind it do not come back
 //! with it (`quorum_big_header.rs` shows it on its own).
 //!
+//! `chaos_of_refusals_overlapping_closes_dead_letters_nothing`: 8,000
+//! messages on a private node with a kill, a close, a refusal and three
+//! `refuse+close` faults, the first before any other fault. With the two
+//! runs above, every run of the suite takes three schedules (three seeds),
+//! each with a refusal window overlapping a connection close, and each
+//! must land at least one on copies in flight (a problem otherwise).
+//!
 //! How the faults are made:
 //! - The publisher is the test's own connection; only confirmed publishes
 //!   count as sent, and what is not confirmed (a restart, an alarm that
@@ -53,6 +62,13 @@
 //!   mode from the start, because applying a max-length to a queue still in
 //!   the default drop-head mode would drop its head, a loss the test itself
 //!   would cause.
+//! - `refuse+close`: the refusal above, and, once copies fail over to the
+//!   backup, the proxy the backup is published through (on one node)
+//!   holds what the forwarder sends until some is held, the backup's
+//!   publishing connection is closed (`rabbitmqctl close_connection`) and
+//!   the proxy resumes: copies the primary refused are cut on their way to
+//!   the backup, and must be held, never dead-lettered. On the cluster
+//!   (no proxy) the publishing connection is closed on a backlog instead.
 //! - A broker-side fault (close, restart, alarm) takes a second or more to
 //!   apply through `rabbitmqctl`, longer than the forwarder needs for a
 //!   burst, so the forwarder is paused (SIGSTOP) until a backlog waits,
@@ -74,7 +90,8 @@
 //! pace and on the brokers, the three keep two cores about half busy.
 //! `CHAOS_SEED` replays a run (the seed is printed), `CHAOS_MESSAGES`
 //! sets its size, `CHAOS_FAULTS` (comma list of kill, close, refuse,
-//! restart, alarm, poison, node; default all a run takes; `none` for none)
+//! restart, alarm, poison, node; default all a run takes; `none` for none;
+//! `refuse+close` comes with refuse and close together)
 //! picks the faults: restart and alarm are the single node's only, node
 //! the cluster's only, and a run leaves out those it does not take.
 
@@ -93,7 +110,7 @@ use support::cluster::PrivateCluster;
 use support::config::{Endpoint, Forwarder};
 use support::harness::{Process, seed_toml, top_toml_at};
 use support::raw::{RawClient, RawConfirm, RawMessage, RawProperties, encode};
-use support::{Metrics, PrivateNode, free_admin_addr, http_get, unique_prefix};
+use support::{FaultProxy, Metrics, PrivateNode, free_admin_addr, http_get, unique_prefix};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
@@ -142,6 +159,10 @@ enum Setup {
     Node,
     /// A private cluster of `CLUSTER_NODES`, every queue a quorum queue.
     Cluster,
+    /// One private node, classic queues, a shorter run whose faults are
+    /// kills, closes and refusals, most of them a refusal overlapping a
+    /// close: a third schedule in every run of the suite.
+    Overlap,
 }
 
 impl Setup {
@@ -150,6 +171,23 @@ impl Setup {
         match self {
             Setup::Node => &["kill", "close", "refuse", "restart", "alarm", "poison"],
             Setup::Cluster => &["kill", "close", "refuse", "poison", "node"],
+            Setup::Overlap => &["kill", "close", "refuse"],
+        }
+    }
+
+    /// How many kills, closes and refusals a run plans.
+    fn counts(self) -> (usize, usize, usize) {
+        match self {
+            Setup::Node | Setup::Cluster => (3, 3, 2),
+            Setup::Overlap => (1, 1, 1),
+        }
+    }
+
+    /// How many refusals overlapping a close a run plans.
+    fn overlaps(self) -> usize {
+        match self {
+            Setup::Node | Setup::Cluster => 1,
+            Setup::Overlap => 3,
         }
     }
 
@@ -180,6 +218,15 @@ impl Setup {
                 span: (90, 100),
                 burst: 300,
                 backlog: 200,
+                bound: Duration::from_secs(300),
+            },
+            // Long enough for its faults to land while messages flow.
+            Setup::Overlap => Pace {
+                messages: 8_000,
+                rate: 130,
+                span: (55, 65),
+                burst: 600,
+                backlog: 400,
                 bound: Duration::from_secs(300),
             },
         }
@@ -267,13 +314,31 @@ impl Settings {
 /// One fault the scheduler injects.
 #[derive(Debug, Clone)]
 enum Fault {
-    Kill { down: Duration },
+    Kill {
+        down: Duration,
+    },
     Close,
-    Refuse { hold: Duration },
+    Refuse {
+        hold: Duration,
+    },
+    /// The primary refuses for `hold`, and the publishing connection is
+    /// closed within that window: copies the primary refused and whose
+    /// publish to the backup the close cut must be held, not dead-lettered.
+    RefuseAndClose {
+        hold: Duration,
+    },
     Restart,
-    Alarm { hold: Duration },
-    Poison { id: String, kind: Poison },
-    Node { down: Duration, target: Target },
+    Alarm {
+        hold: Duration,
+    },
+    Poison {
+        id: String,
+        kind: Poison,
+    },
+    Node {
+        down: Duration,
+        target: Target,
+    },
 }
 
 /// The node a node fault stops.
@@ -361,6 +426,12 @@ struct Chaos {
     /// Faults applied, by kind.
     applied: Mutex<BTreeMap<&'static str, usize>>,
     node_faults: Mutex<Vec<NodeFault>>,
+    /// Refusals overlapping a close that closed a publishing connection
+    /// with copies on their way to the backup (on a cluster: on a backlog
+    /// of waiting messages).
+    overlaps: AtomicUsize,
+    /// The proxy the service backup is published through (one node).
+    backup: Option<FaultProxy>,
 }
 
 impl Chaos {
@@ -496,13 +567,39 @@ async fn chaos_on_a_cluster_loses_nothing() {
     chaos_run(Setup::Cluster).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_of_refusals_overlapping_closes_dead_letters_nothing() {
+    chaos_run(Setup::Overlap).await;
+}
+
 /// The forwarder's configuration: the seed scenario in `nack` mode with
 /// prefetch 200; on a cluster, broker `main` as `uris`, every queue a
 /// quorum queue (the destinations declared by the test) and an admin
 /// endpoint at `admin`.
-fn forwarder_toml(p: &str, brokers: &Brokers, admin: Option<SocketAddr>) -> String {
+fn forwarder_toml(
+    p: &str,
+    brokers: &Brokers,
+    admin: Option<SocketAddr>,
+    backup: Option<&FaultProxy>,
+) -> String {
     match brokers {
-        Brokers::Node(node) => seed_toml(p, &top_toml_at(&node.amqp_url(), p, "nack", 5000, 200)),
+        Brokers::Node(node) => match backup {
+            // The service backup's broker is the node through `backup`.
+            Some(proxy) => Forwarder::at(&node.amqp_url(), p)
+                .broker("backup", &proxy.amqp_url())
+                .mode("nack")
+                .top("shutdown_timeout_ms", 5000)
+                .inbound("prefetch", 200)
+                .seed_with(p, |e| {
+                    if e.name() == "service_backup" {
+                        e.on("backup")
+                    } else {
+                        e
+                    }
+                })
+                .toml(),
+            None => seed_toml(p, &top_toml_at(&node.amqp_url(), p, "nack", 5000, 200)),
+        },
         Brokers::Cluster(cluster) => {
             let urls = cluster.amqp_urls();
             let mut forwarder = Forwarder::at(&urls[0], p)
@@ -540,13 +637,20 @@ async fn chaos_run(setup: Setup) {
     );
     let started = Instant::now();
     let brokers = match setup {
-        Setup::Node => Brokers::Node(PrivateNode::start().await),
+        Setup::Node | Setup::Overlap => Brokers::Node(PrivateNode::start().await),
         Setup::Cluster => Brokers::Cluster(PrivateCluster::start(CLUSTER_NODES).await),
     };
     let node_start = started.elapsed();
     let p = unique_prefix("chaos");
     let admin = (setup == Setup::Cluster).then(free_admin_addr);
-    let toml = forwarder_toml(&p, &brokers, admin);
+    // On one node, the service backup is published to through a proxy, so
+    // that a refusal overlapping a close can hold what the forwarder sends
+    // to it while the close comes.
+    let backup = match &brokers {
+        Brokers::Node(node) => Some(FaultProxy::start(node.amqp_addr()).await),
+        Brokers::Cluster(_) => None,
+    };
+    let toml = forwarder_toml(&p, &brokers, admin, backup.as_ref());
     let chaos = Arc::new(Chaos {
         p,
         brokers,
@@ -567,6 +671,8 @@ async fn chaos_run(setup: Setup) {
         publishing: std::sync::atomic::AtomicBool::new(false),
         applied: Mutex::new(BTreeMap::new()),
         node_faults: Mutex::new(Vec::new()),
+        overlaps: AtomicUsize::new(0),
+        backup,
     });
     let names: Vec<String> = chaos
         .brokers
@@ -805,6 +911,7 @@ fn fault_name(f: &Fault) -> String {
         Fault::Kill { .. } => "kill".into(),
         Fault::Close => "close".into(),
         Fault::Refuse { .. } => "refuse".into(),
+        Fault::RefuseAndClose { .. } => "refuse+close".into(),
         Fault::Restart => "restart".into(),
         Fault::Alarm { .. } => "alarm".into(),
         Fault::Poison { id, .. } => format!("poison {id}"),
@@ -824,6 +931,7 @@ fn fault_kind(f: &Fault) -> &'static str {
         Fault::Kill { .. } => "kill",
         Fault::Close => "close",
         Fault::Refuse { .. } => "refuse",
+        Fault::RefuseAndClose { .. } => "refuse+close",
         Fault::Restart => "restart",
         Fault::Alarm { .. } => "alarm",
         Fault::Poison { .. } => "poison",
@@ -835,20 +943,21 @@ fn fault_kind(f: &Fault) -> &'static str {
 fn plan(rng: &mut fastrand::Rng, settings: &Settings, span: Duration) -> Vec<(Duration, Fault)> {
     let mut faults = Vec::new();
     let ms = |rng: &mut fastrand::Rng, lo: u64, hi: u64| Duration::from_millis(rng.u64(lo..hi));
+    let (kills, closes, refusals) = settings.setup.counts();
     if settings.has("kill") {
-        for _ in 0..3 {
+        for _ in 0..kills {
             faults.push(Fault::Kill {
                 down: ms(rng, 0, 1500),
             });
         }
     }
     if settings.has("close") {
-        for _ in 0..3 {
+        for _ in 0..closes {
             faults.push(Fault::Close);
         }
     }
     if settings.has("refuse") {
-        for _ in 0..2 {
+        for _ in 0..refusals {
             faults.push(Fault::Refuse {
                 hold: ms(rng, 2000, 5000),
             });
@@ -881,6 +990,26 @@ fn plan(rng: &mut fastrand::Rng, settings: &Settings, span: Duration) -> Vec<(Du
             (at, f)
         })
         .collect();
+    if settings.has("refuse") && settings.has("close") {
+        // Each in its own slice of the span's first three quarters: it
+        // must land while messages flow, and takes several seconds. The
+        // first comes before every other fault: a close or a restart just
+        // before it would make the primary's nacks read as a quorum
+        // queue's election for 30 s (retried there, not failed over).
+        let overlaps = settings.setup.overlaps() as u64;
+        let slice = span_ms * 3 / 4 / overlaps;
+        for k in 0..overlaps {
+            let fault = Fault::RefuseAndClose {
+                hold: ms(rng, 4000, 7000),
+            };
+            let from = span_ms / 20 + k * slice;
+            let at = match k {
+                0 => span_ms / 40,
+                _ => rng.u64(from..from + slice / 2),
+            };
+            plan.push((Duration::from_millis(at), fault));
+        }
+    }
     if settings.has("node") {
         // Each in its own slice of the span's first half: a node fault
         // takes long, and every one must land while messages flow.
@@ -965,6 +1094,25 @@ async fn inject(chaos: Arc<Chaos>, plan: Vec<(Duration, Fault)>, t0: Instant, se
                     began.elapsed().as_secs_f64()
                 ));
             }
+            Fault::RefuseAndClose { hold } => {
+                let queue = chaos.queue("service");
+                let _ = wait_consuming(&chaos, CONSUMING_WAIT).await;
+                chaos.ctl().refuse_publishes(&queue, true).await;
+                let (landed, how) = match &chaos.backup {
+                    Some(proxy) => close_under_copies_to_the_backup(&chaos, proxy).await,
+                    None => close_on_a_backlog(&chaos).await,
+                };
+                if landed {
+                    chaos.overlaps.fetch_add(1, Ordering::SeqCst);
+                }
+                chaos.note(format!("refuse+close: {queue} refuses; {how}"));
+                tokio::time::sleep_until(began + hold).await;
+                chaos.ctl().refuse_publishes(&queue, false).await;
+                chaos.note(format!(
+                    "refuse+close: {queue} accepts again after {:.1}s",
+                    began.elapsed().as_secs_f64()
+                ));
+            }
             Fault::Restart => {
                 let (_, backlog) = pause_for_backlog(&chaos).await;
                 chaos.note(format!("restart: broker app stopping{backlog}"));
@@ -1018,6 +1166,91 @@ async fn inject(chaos: Arc<Chaos>, plan: Vec<(Duration, Fault)>, t0: Instant, se
         }
         chaos.applied(kind);
     }
+}
+
+/// Within a refusal window: once copies fail over to the backup, holds what
+/// the forwarder sends through the backup's proxy until some is held (copies
+/// on their way), closes the backup's publishing connection, and resumes:
+/// the copies the primary refused are cut on their way to the backup.
+/// Whether it landed so, and what happened.
+async fn close_under_copies_to_the_backup(chaos: &Chaos, proxy: &FaultProxy) -> (bool, String) {
+    let backup = chaos.queue("service.backup");
+    let count = |raw: &mut Option<RawClient>| {
+        let backup = backup.clone();
+        let raw = raw.take();
+        async move {
+            let mut raw = raw?;
+            let n = raw.message_count(&backup).await.ok();
+            Some((raw, n?))
+        }
+    };
+    let mut raw = chaos.raw().await;
+    let before = match count(&mut raw).await {
+        Some((client, n)) => {
+            raw = Some(client);
+            n
+        }
+        None => 0,
+    };
+    // Copies fail over to the backup (a burst is in progress).
+    let deadline = Instant::now() + TRAFFIC_WAIT * 2;
+    let mut flowing = false;
+    while Instant::now() < deadline {
+        match count(&mut raw).await {
+            Some((client, n)) => {
+                raw = Some(client);
+                if n > before {
+                    flowing = true;
+                    break;
+                }
+            }
+            None => raw = chaos.raw().await,
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    if let Some(client) = raw {
+        client.close().await;
+    }
+    let held = proxy.held();
+    proxy.stall_upstream();
+    let deadline = Instant::now() + TRAFFIC_WAIT;
+    while proxy.held() == held && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let on_their_way = proxy.held() > held;
+    let closed = chaos
+        .ctl()
+        .close_connections_named(&format!("{}/publish/backup", chaos.p))
+        .await;
+    proxy.resume();
+    let landed = flowing && on_their_way && closed > 0;
+    (
+        landed,
+        format!(
+            "the backup's connection closed ({closed}) with copies {} on their way to it{}",
+            if on_their_way { "held" } else { "NOT" },
+            if flowing {
+                ""
+            } else {
+                " (no failover seen first)"
+            }
+        ),
+    )
+}
+
+/// Within a refusal window, on a cluster: the forwarder paused until a
+/// backlog waits, its publishing connection closed, and resumed.
+async fn close_on_a_backlog(chaos: &Chaos) -> (bool, String) {
+    let (waiting, backlog) = pause_for_backlog(chaos).await;
+    let closed = chaos
+        .ctl()
+        .close_connections_named(&format!("{}/publish/", chaos.p))
+        .await;
+    resume(chaos).await;
+    (
+        closed > 0 && waiting > 0,
+        format!("{closed} publishing connection(s) closed within the window{backlog}"),
+    )
 }
 
 /// Stops the app of the node `target` names for `down`, starts it again
@@ -1551,6 +1784,18 @@ impl Accounting {
                     "only {flowing} node fault(s) landed while messages flowed, at least \
                      {MIN_NODE_FAULTS_FLOWING} must"
                 ));
+            }
+        }
+        if settings.has("refuse") && settings.has("close") {
+            let landed = chaos.overlaps.load(Ordering::SeqCst);
+            let _ = writeln!(
+                out,
+                "refusals overlapping a close: {} planned, {landed} landed on waiting messages",
+                settings.setup.overlaps()
+            );
+            if landed == 0 {
+                problems
+                    .push("no refusal overlapping a close landed while messages waited".to_owned());
             }
         }
         for (label, counts, primary, backup) in [

@@ -2,7 +2,7 @@
 //! runs (`tests/chaos.rs`) and the cluster tests (`tests/cluster.rs`), and
 //! the walkthroughs (`tests/walkthroughs.rs`). Each is paced by its
 //! publishers, its shell steps and its private brokers booting, stopping
-//! and catching up rather than by the CPU, so the four run side by side
+//! and catching up rather than by the CPU, so the five run side by side
 //! (the test harness's threads; see `.cargo/config.toml`) in about the
 //! time of the longest instead of one after the other, or at the tail of
 //! the `suite` binary. They share no broker: each has its own private
