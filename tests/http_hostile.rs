@@ -1,6 +1,7 @@
 //! Hostile clients against the real binary's HTTP ingress and admin
 //! endpoint: bodies trickled a byte per segment cost memory by the bytes
-//! received, slow bodies hold no delivery slot, floods of idle connections
+//! received, slow bodies hold no delivery slot and give their connection
+//! to waiting requests, floods of idle connections
 //! are shed so probes and requests answer within a second, authentication
 //! cannot be switched off by an override or talked around by an odd
 //! request, and refusals cannot flood the log.
@@ -281,6 +282,127 @@ async fn slow_bodies_hold_no_slot_and_finished_requests_are_served_at_once() {
     // Only the complete requests: nothing of the cut-off bodies.
     both_hold_exactly(&broker, &p, sent).await;
     stop_clean(running, &broker, &p).await;
+}
+
+/// Item 3. More slow bodies than connection slots: 300 bodies trickling a
+/// byte every two seconds against `max_connections = 200`. The bodies past
+/// their first second below 1 KiB/s give way, slowest first, to clients
+/// waiting for a slot (each answered 408 naming why): once the hundred
+/// waiting trickles have been let in that way, complete requests sent every
+/// half second for ten seconds are each answered 202 within a second, and
+/// a 200 KiB body sent at 100 KiB/s in 1 KiB pieces meanwhile is never cut
+/// and is forwarded whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_bodies_give_their_connection_to_waiting_requests() {
+    const TRICKLES: usize = 300;
+    const SLOTS: u32 = 200;
+    let _turn = SERIAL.lock().await;
+    let p = unique_prefix("http-slow-slots");
+    let broker = TestBroker::connect(&p).await;
+    let config = Forwarder::new(&p).seed(&p).http(&[
+        ("max_connections", Value::from(SLOTS)),
+        ("max_in_flight", Value::from(50u32)),
+        ("body_timeout_ms", Value::from(20_000u32)),
+    ]);
+    let (running, client) = start_ingress(
+        &config,
+        Options::default(),
+        Some((&broker, &format!("{p}.in"))),
+    )
+    .await;
+    let mut trickles = Vec::new();
+    for _ in 0..TRICKLES {
+        let stream = open_body(client.addr(), 100).await;
+        trickles.push(tokio::spawn(trickle_every(stream, Duration::from_secs(2))));
+    }
+    let shed = |running: &switchyard::Telemetry| {
+        Metrics::parse(&running.render()).value(
+            "switchyard_connections_shed_total",
+            &[("listener", "ingress")],
+        )
+    };
+    let extra = (TRICKLES - SLOTS as usize) as f64;
+    wait_until(
+        "the waiting trickles are let in, slow bodies cut for them",
+        DEFAULT_TIMEOUT,
+        || async { shed(running.telemetry()) >= extra },
+    )
+    .await;
+
+    // A body at 100 KiB/s, in 1 KiB pieces, beside them.
+    let steady = {
+        let addr = client.addr();
+        tokio::spawn(async move {
+            let mut stream = open_body(addr, 200 * 1024).await;
+            let mut tick = tokio::time::interval(Duration::from_millis(10));
+            for _ in 0..200 {
+                tick.tick().await;
+                stream
+                    .write_all(&[b's'; 1024])
+                    .await
+                    .unwrap_or_else(|e| panic!("steady body: {e}"));
+            }
+            read_answer(&mut stream).await
+        })
+    };
+    let mut slowest = Duration::ZERO;
+    let started = Instant::now();
+    let mut sent = 0u32;
+    while started.elapsed() < Duration::from_secs(10) {
+        let due = started + Duration::from_millis(500) * sent;
+        tokio::time::sleep_until(due).await;
+        let asked = Instant::now();
+        let reply = client.post("/messages/k", &[], b"complete").await;
+        let took = asked.elapsed();
+        slowest = slowest.max(took);
+        assert_eq!(reply.status, 202, "{}", reply.text);
+        assert!(
+            took < Duration::from_secs(1),
+            "a complete request took {took:?} beside {TRICKLES} slow bodies and {SLOTS} slots"
+        );
+        sent += 1;
+    }
+    let steady = steady.await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(status_of(&steady), 202, "the steady body: {steady}");
+    eprintln!(
+        "{sent} complete requests and a 100 KiB/s body beside {TRICKLES} slow bodies on \
+         {SLOTS} slots: slowest answer {slowest:?}, {} connections cut or shed",
+        shed(running.telemetry())
+    );
+    let mut cut = 0;
+    for trickle in trickles {
+        let answer = trickle.await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(status_of(&answer), 408, "{answer}");
+        if answer.contains("slower than 1024 bytes a second") {
+            cut += 1;
+        } else {
+            assert!(answer.contains("body_timeout_ms"), "{answer}");
+        }
+    }
+    assert!(cut >= extra as usize, "{cut} bodies cut for room");
+    // The complete requests and the steady body; nothing of the cut ones.
+    both_hold_exactly(&broker, &p, sent + 1).await;
+    stop_clean(running, &broker, &p).await;
+}
+
+/// Writes a byte of the body on `stream` every `every` until the server
+/// answers, and returns the answer.
+async fn trickle_every(mut stream: TcpStream, every: Duration) -> String {
+    let mut answer = Vec::new();
+    let mut chunk = [0u8; 1024];
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tokio::select! {
+            read = stream.read(&mut chunk) => match read {
+                Ok(0) | Err(_) => break,
+                Ok(n) => answer.extend_from_slice(&chunk[..n]),
+            },
+            _ = tick.tick(), if answer.is_empty() => {
+                let _ = stream.write_all(b"z").await;
+            }
+        }
+    }
+    String::from_utf8_lossy(&answer).into_owned()
 }
 
 /// Writes a byte of the body on `stream` every second until the server

@@ -26,6 +26,7 @@ pub mod server;
 use crate::config::HttpIngress;
 use crate::envelope::Envelope;
 use crate::journal::{Said, Source};
+use crate::listen::gate::BodyWatch;
 use crate::pipeline::intake::{Intake, NotTaken};
 use crate::pipeline::record;
 use crate::telemetry::Telemetry;
@@ -135,6 +136,7 @@ impl Ingress {
         let routing_key = request::routing_key(request.method(), request.uri().path())?;
         request::check_transfer_coding(headers)?;
         request::check_length(headers, config.max_body_bytes)?;
+        let watch = request.extensions().get::<BodyWatch>().cloned();
         let (parts, body) = request.into_parts();
         let body_deadline = started + config.body_timeout;
         let (by, late) = if body_deadline < deadline {
@@ -142,7 +144,11 @@ impl Ingress {
         } else {
             (deadline, "ingress.http.request_timeout_ms")
         };
-        let body = request::read_body(body, config.max_body_bytes, by, late).await?;
+        // The gate measures the body's rate while it is read, and cuts it
+        // (408) for a waiting client when it is too slow.
+        let _reading = watch.as_ref().map(BodyWatch::reading);
+        let cut = watch.as_ref().map(BodyWatch::cut).unwrap_or_default();
+        let body = request::read_body(body, config.max_body_bytes, (by, late), &cut).await?;
         let request = Request::from_parts(parts, ());
         let envelope =
             request::envelope(&request, routing_key, body, config, &self.session_headers)?;

@@ -172,6 +172,18 @@ pub fn check_length(headers: &HeaderMap, max: u64) -> Result<(), Refused> {
     }
 }
 
+/// The gate cut the body for a client waiting for a connection slot.
+fn too_slow() -> Refused {
+    Refused::new(
+        StatusCode::REQUEST_TIMEOUT,
+        format!(
+            "the body arrived slower than {} bytes a second while other clients waited for a \
+             connection (ingress.http.max_connections)",
+            crate::listen::gate::MIN_BODY_RATE
+        ),
+    )
+}
+
 fn too_large(max: u64) -> Refused {
     Refused::new(
         StatusCode::PAYLOAD_TOO_LARGE,
@@ -189,8 +201,8 @@ fn too_large(max: u64) -> Refused {
 pub async fn read_body(
     mut body: Incoming,
     max: u64,
-    deadline: tokio::time::Instant,
-    late: &str,
+    (deadline, late): (tokio::time::Instant, &str),
+    cut: &tokio_util::sync::CancellationToken,
 ) -> Result<Vec<u8>, Refused> {
     let limit = usize::try_from(max).unwrap_or(usize::MAX);
     let declared = body
@@ -199,7 +211,11 @@ pub async fn read_body(
         .map_or(limit, |n| usize::try_from(n).unwrap_or(limit));
     let mut buffer = Vec::new();
     loop {
-        let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+        let next = tokio::select! {
+            next = tokio::time::timeout_at(deadline, body.frame()) => next,
+            () = cut.cancelled() => return Err(too_slow()),
+        };
+        let frame = match next {
             Err(_) => {
                 return Err(Refused::new(
                     StatusCode::REQUEST_TIMEOUT,

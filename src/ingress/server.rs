@@ -16,7 +16,7 @@ use super::Ingress;
 use super::answer::Answer;
 use crate::config::{ClientIdentity, HttpIngress};
 pub use crate::listen::ListenError;
-use crate::listen::gate::{BusyMarker, Gate, Served};
+use crate::listen::gate::{BodyWatch, BusyMarker, Gate, Served};
 use crate::telemetry::{self, Telemetry};
 use http_body_util::Full;
 use hyper::body::Bytes;
@@ -116,7 +116,7 @@ impl Listener {
                     return; // sent nothing in time, or closed for room
                 };
                 let closed = admitted.shed();
-                let busy = admitted.busy();
+                let busy = (admitted.busy(), admitted.body_watch());
                 let serve = async {
                     match tls {
                         None => serve_connection(stream, ingress, busy, stop).await,
@@ -151,20 +151,25 @@ impl Listener {
     }
 }
 
+/// How long a connection whose body was cut has to write its 408.
+const CUT_DRAIN: Duration = Duration::from_millis(200);
+
 /// Serves one connection's requests until it closes or `stop`, each
-/// marked busy while it is handled.
+/// marked busy while it is handled, its body watched by the gate.
 async fn serve_connection<S>(
     stream: S,
     ingress: Arc<Ingress>,
-    busy: BusyMarker,
+    (busy, body): (BusyMarker, BodyWatch),
     stop: CancellationToken,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let telemetry: Telemetry = ingress.telemetry.clone();
     let header_timeout = ingress.config.header_timeout;
-    let service = service_fn(move |request| {
+    let cut = body.cut();
+    let service = service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
         let ingress = ingress.clone();
+        request.extensions_mut().insert(body.clone());
         let busy = busy.enter();
         async move {
             let answer = ingress.handle(request).await;
@@ -184,6 +189,12 @@ async fn serve_connection<S>(
         () = stop.cancelled() => {
             connection.as_mut().graceful_shutdown();
             tokio::time::timeout(DRAIN, connection).await.unwrap_or(Ok(()))
+        }
+        // Its body was cut for a waiting client: the 408 is written, and
+        // the connection closed without reading the rest of the body.
+        () = cut.cancelled() => {
+            connection.as_mut().graceful_shutdown();
+            tokio::time::timeout(CUT_DRAIN, connection).await.unwrap_or(Ok(()))
         }
     };
     if let Err(e) = result {
@@ -218,6 +229,11 @@ fn response(answer: Answer) -> Response<Full<Bytes>> {
     if answer.status == StatusCode::UNAUTHORIZED {
         headers.insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         // A client without the token keeps no connection open.
+        headers.insert(CONNECTION, HeaderValue::from_static("close"));
+    }
+    if answer.status == StatusCode::REQUEST_TIMEOUT {
+        // Its body was not read to the end: the connection cannot carry
+        // another request, and its slot goes to the next client.
         headers.insert(CONNECTION, HeaderValue::from_static("close"));
     }
     response

@@ -15,8 +15,13 @@
 //! came (its handler may be about to start), or whose answer may still be
 //! on its way out, is not chosen until the server has come back to read it
 //! and the socket holds no byte. A connection whose request is being
-//! handled is never closed for room; while every one is, the new client
-//! waits for a slot.
+//! handled is never closed for room, with one exception: a request whose
+//! body arrives slower than [`MIN_BODY_RATE`] once it has had
+//! [`BODY_GRACE`] to start. While every slot is taken and no connection is
+//! between requests, the slowest such body is cut (its request answered
+//! `408` and its connection closed) for the waiting client; a body arriving
+//! at a reasonable rate is never cut. While no connection can be closed,
+//! the new client waits for a slot.
 
 use socket2::SockRef;
 use std::collections::BTreeMap;
@@ -35,6 +40,16 @@ use tokio_util::sync::CancellationToken;
 /// Connections a lobby holds at least, whatever the listener's limit: a
 /// socket and a task waiting for one byte each, a few hundred bytes.
 pub const LOBBY_MIN: usize = 1024;
+
+/// The slowest a request's body may arrive, in bytes a second, once it has
+/// had [`BODY_GRACE`], without being cut for a client waiting for a slot
+/// (Apache's `mod_reqtimeout` and nginx's per-read body timeout guard the
+/// same door).
+pub const MIN_BODY_RATE: u64 = 1024;
+/// How long a body may take to reach [`MIN_BODY_RATE`].
+pub const BODY_GRACE: Duration = Duration::from_secs(1);
+/// How often a client waiting for a slot looks again for a body to cut.
+const RECHECK: Duration = Duration::from_millis(100);
 
 /// The connections of one listener. Cheap to clone.
 #[derive(Clone)]
@@ -56,6 +71,10 @@ struct Inner {
     left: Notify,
     /// Told each connection closed to make room for another.
     made_room: Box<dyn Fn() + Send + Sync>,
+    /// What body timestamps count from.
+    epoch: tokio::time::Instant,
+    /// Clients that have sent a byte and wait for a slot now.
+    waiting: AtomicUsize,
 }
 
 /// A connection in the lobby, as the gate sees it.
@@ -89,6 +108,28 @@ struct Conn {
     shed: CancellationToken,
     /// The gate's [`Inner::idle`].
     idle: Arc<Notify>,
+    /// Bytes read from its socket so far.
+    received: AtomicU64,
+    /// While a request's body is read: when that began, in milliseconds
+    /// since the gate's epoch plus one (0: no body being read), and the
+    /// bytes received before it.
+    body_began: AtomicU64,
+    body_from: AtomicU64,
+    /// Cancelled when the gate cuts its body for arriving too slowly.
+    cut: CancellationToken,
+}
+
+/// Runs `f` when dropped.
+fn scopeguard(f: impl FnOnce()) -> impl Drop {
+    struct Guard<F: FnOnce()>(Option<F>);
+    impl<F: FnOnce()> Drop for Guard<F> {
+        fn drop(&mut self) {
+            if let Some(f) = self.0.take() {
+                f();
+            }
+        }
+    }
+    Guard(Some(f))
 }
 
 /// A connection in the lobby: it leaves when dropped or served.
@@ -138,6 +179,8 @@ impl Gate {
                 idle: Arc::new(Notify::new()),
                 left: Notify::new(),
                 made_room: Box::new(made_room),
+                epoch: tokio::time::Instant::now(),
+                waiting: AtomicUsize::new(0),
             }),
         }
     }
@@ -199,6 +242,14 @@ impl Gate {
     /// ([`Self::shed_one`]), or, while every one is handling a request,
     /// the first that frees.
     async fn slot(&self, stop: &CancellationToken) -> Option<OwnedSemaphorePermit> {
+        if let Ok(slot) = self.inner.slots.clone().try_acquire_owned() {
+            return Some(slot);
+        }
+        let waiting = &self.inner.waiting;
+        waiting.fetch_add(1, Ordering::AcqRel);
+        let _waited = scopeguard(|| {
+            waiting.fetch_sub(1, Ordering::AcqRel);
+        });
         loop {
             if let Ok(slot) = self.inner.slots.clone().try_acquire_owned() {
                 return Some(slot);
@@ -207,11 +258,17 @@ impl Gate {
             let mut idle = std::pin::pin!(idle);
             idle.as_mut().enable();
             let shed = self.shed_one();
+            if !shed {
+                self.cut_slowest_body();
+            }
             tokio::select! {
                 biased;
                 () = stop.cancelled() => return None,
                 slot = self.inner.slots.clone().acquire_owned() => return slot.ok(),
                 () = idle, if !shed => {}
+                // A body may fall below the rate while the client waits,
+                // and the slot a cut frees may go to another client.
+                () = tokio::time::sleep(RECHECK), if !shed => {}
             }
         }
     }
@@ -234,6 +291,46 @@ impl Gate {
             }
             None => false,
         }
+    }
+
+    /// Cuts the body arriving slowest among those below [`MIN_BODY_RATE`]
+    /// after [`BODY_GRACE`], unless the bodies cut already and not yet
+    /// closed will free a slot for every client waiting; whether it cut.
+    fn cut_slowest_body(&self) -> bool {
+        let now = self.millis();
+        let grace = u64::try_from(BODY_GRACE.as_millis()).unwrap_or(u64::MAX);
+        let served = self.served();
+        let closing = served.values().filter(|c| c.cut.is_cancelled()).count();
+        if closing >= self.inner.waiting.load(Ordering::Acquire) {
+            return false;
+        }
+        let slowest = served
+            .values()
+            .filter(|c| !c.cut.is_cancelled())
+            .filter_map(|c| {
+                let began = c.body_began.load(Ordering::Acquire).checked_sub(1)?;
+                let elapsed = now.saturating_sub(began);
+                let bytes = c
+                    .received
+                    .load(Ordering::Acquire)
+                    .saturating_sub(c.body_from.load(Ordering::Acquire));
+                let rate = bytes.saturating_mul(1000) / elapsed.max(1);
+                (elapsed >= grace && rate < MIN_BODY_RATE).then_some((rate, c))
+            })
+            .min_by_key(|(rate, _)| *rate);
+        match slowest {
+            Some((_, conn)) => {
+                conn.cut.cancel();
+                (self.inner.made_room)();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Milliseconds since the gate's epoch.
+    fn millis(&self) -> u64 {
+        u64::try_from(self.inner.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
     /// How many connections are served.
@@ -278,6 +375,10 @@ impl Arrived {
             busy: AtomicUsize::new(0),
             shed: CancellationToken::new(),
             idle: gate.inner.idle.clone(),
+            received: AtomicU64::new(0),
+            body_began: AtomicU64::new(0),
+            body_from: AtomicU64::new(0),
+            cut: CancellationToken::new(),
         });
         gate.served().insert(conn.id, conn.clone());
         Some(Served {
@@ -312,6 +413,54 @@ impl Admitted {
         BusyMarker {
             conn: self.conn.clone(),
         }
+    }
+
+    /// Watches the bodies of this connection's requests ([`BodyWatch`]).
+    pub fn body_watch(&self) -> BodyWatch {
+        BodyWatch {
+            conn: self.conn.clone(),
+            gate: self.gate.clone(),
+        }
+    }
+}
+
+/// What the gate knows of a connection's request bodies: a request reads
+/// its body under [`BodyWatch::reading`], and gives up (`408`) when
+/// [`BodyWatch::cut`] is cancelled, which the gate does to a body arriving
+/// slower than [`MIN_BODY_RATE`] while another client waits for a slot.
+#[derive(Clone)]
+pub struct BodyWatch {
+    conn: Arc<Conn>,
+    gate: Gate,
+}
+
+/// A body being read: the gate measures its rate until dropped.
+pub struct BodyReading {
+    conn: Arc<Conn>,
+}
+
+impl BodyWatch {
+    /// A body is read from now until the guard is dropped.
+    pub fn reading(&self) -> BodyReading {
+        let conn = &self.conn;
+        conn.body_from
+            .store(conn.received.load(Ordering::Acquire), Ordering::Release);
+        conn.body_began
+            .store(self.gate.millis() + 1, Ordering::Release);
+        BodyReading {
+            conn: self.conn.clone(),
+        }
+    }
+
+    /// Cancelled when the gate cuts this connection's body.
+    pub fn cut(&self) -> CancellationToken {
+        self.conn.cut.clone()
+    }
+}
+
+impl Drop for BodyReading {
+    fn drop(&mut self) {
+        self.conn.body_began.store(0, Ordering::Release);
     }
 }
 
@@ -402,6 +551,8 @@ impl AsyncRead for Watched {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.io).poll_read(cx, buf);
         if buf.filled().len() > before {
+            let read = (buf.filled().len() - before) as u64;
+            self.conn.received.fetch_add(read, Ordering::AcqRel);
             self.conn.state.store(HEARD, Ordering::Release);
         } else if polled.is_pending() {
             self.found_nothing();
