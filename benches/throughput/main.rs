@@ -174,6 +174,7 @@ async fn bench(opts: Opts, run_prefix: String) -> Result<(), String> {
         clock_ticks: procfs::clock_ticks_per_sec(),
         forwarder_cpus: opts.split_cores.then(|| "1".to_owned()),
         callgrind: opts.instructions.then(std::env::temp_dir),
+        keep_counts: opts.keep_counts.clone(),
         against,
         otlp: if rows.contains(&Row::F2T) {
             Some(OtlpReceiver::counting().await)

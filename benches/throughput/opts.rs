@@ -56,6 +56,11 @@ pub struct Opts {
     /// Count instructions per message under valgrind's callgrind (rows B1, F1 and F2 unless --rows) instead of the default run.
     #[arg(long, conflicts_with_all = ["scale", "split_cores"])]
     pub(crate) instructions: bool,
+    /// With --instructions: keep each run's callgrind counts in DIR as
+    /// `<row>-<build>-<backlog>.callgrind` (the last round's), for
+    /// `callgrind_annotate` to say where the instructions go, by function.
+    #[arg(long, value_name = "DIR", requires = "instructions")]
+    pub(crate) keep_counts: Option<std::path::PathBuf>,
     /// The larger backlog of --instructions; the smaller is a quarter of it.
     #[arg(long, default_value_t = 4000)]
     pub(crate) instructions_backlog: u64,

@@ -166,6 +166,8 @@ pub struct Ctx {
     /// Where callgrind writes its counts when the forwarder rows run under
     /// it (`--instructions`).
     pub callgrind: Option<std::path::PathBuf>,
+    /// Where callgrind's counts are kept (`--keep-counts`).
+    pub keep_counts: Option<std::path::PathBuf>,
     /// The other build of `--against`.
     pub against: Option<Against>,
     /// F2T's collector: the kit's OTLP/HTTP receiver, counting the spans
@@ -576,7 +578,16 @@ async fn forwarder(ctx: &Ctx, broker: &TestBroker, plan: &Plan) -> Outcome {
     }
     notes.extend(drops_logged(&process.log_path));
     let instructions = match &counts {
-        Some(out) if code == Some(0) => callgrind::read_total(out).map_err(|e| notes.push(e)).ok(),
+        Some(out) if code == Some(0) => {
+            if let Some(dir) = &ctx.keep_counts {
+                let name = format!("{:?}-{:?}-{}.callgrind", plan.row, plan.build, plan.backlog);
+                let _ = std::fs::create_dir_all(dir);
+                if let Err(e) = std::fs::copy(out, dir.join(name)) {
+                    notes.push(format!("cannot keep the counts in {}: {e}", dir.display()));
+                }
+            }
+            callgrind::read_total(out).map_err(|e| notes.push(e)).ok()
+        }
         _ => None,
     };
     let expected: Vec<(String, u64)> = outputs

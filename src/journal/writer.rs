@@ -7,7 +7,7 @@
 //! counted as dropped.
 
 use super::entry::Entry;
-use super::record::Record;
+use super::record::write_line;
 use crate::backoff::Backoff;
 use crate::broker::{Connector, JournalChannel, JournalWriteError};
 use crate::config;
@@ -141,12 +141,9 @@ impl Writer {
         self.stopped.cancel();
     }
 
-    /// One JSON line for `entry`.
+    /// One JSON line for `entry`, written straight from it.
     fn append(&self, body: &mut Vec<u8>, entry: &Entry) {
-        let record = Record::of(entry, &self.instance);
-        // Serializing plain strings and numbers into a Vec cannot fail.
-        if serde_json::to_writer(&mut *body, &record).is_ok() {
-            body.push(b'\n');
-        }
+        write_line(body, entry, &self.instance);
+        body.push(b'\n');
     }
 }
