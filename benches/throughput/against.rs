@@ -12,9 +12,12 @@
 //! builds nothing and one against another commit compiles only the crate
 //! (a new `against/target` starts as a copy of this build's `release`).
 //!
-//! Before any row runs, the other build checks (`switchyard check`) every
-//! configuration the benchmark will give it: an older build that does not
-//! know a key fails the run there, saying which key, rather than midway.
+//! Every configuration the other build runs on is first fitted to it: it
+//! checks it (`switchyard check`, which connects to nothing), and a table
+//! or key it does not know (an older build, before `[journal]` or
+//! `[control]`) is left out and the file checked again, so the build before
+//! a feature runs as it shipped, without it. The header names what was
+//! left out; anything else it refuses fails the run before any row runs.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -186,17 +189,39 @@ fn build(
     copied
 }
 
-/// Has the other build check `configs` (a row's name and the TOML it
-/// runs on) with `switchyard check`, which connects to nothing; each is
-/// written to a file named after `prefix` for it.
+/// Fits each of `configs` (a row's name and the TOML it runs on) to the
+/// other build ([`fit`]); the keys left out, for the header.
 pub fn check_configs(
     against: &Against,
     prefix: &str,
     configs: &[(&str, String)],
-) -> Result<(), String> {
+) -> Result<Vec<String>, String> {
+    let mut left_out = Vec::new();
     for (row, toml) in configs {
-        let path = std::env::temp_dir().join(format!("{prefix}-{row}.toml"));
-        std::fs::write(&path, toml).map_err(|e| format!("write {}: {e}", path.display()))?;
+        let (_, dropped) = fit(against, &format!("{prefix}-{row}"), toml).map_err(|e| {
+            format!(
+                "the build against ({}) refuses the configuration this benchmark writes for \
+                 {row}: {e}",
+                against.label
+            )
+        })?;
+        for key in dropped {
+            if !left_out.contains(&key) {
+                left_out.push(key);
+            }
+        }
+    }
+    Ok(left_out)
+}
+
+/// `toml` with whatever the other build does not know left out (whole
+/// tables, or keys of a table), checked by it; and what was left out.
+pub fn fit(against: &Against, name: &str, toml: &str) -> Result<(String, Vec<String>), String> {
+    let mut toml = toml.to_owned();
+    let mut dropped = Vec::new();
+    let path = std::env::temp_dir().join(format!("{name}-check.toml"));
+    for _ in 0..16 {
+        std::fs::write(&path, &toml).map_err(|e| format!("write {}: {e}", path.display()))?;
         let mut command = Command::new(&against.binary);
         command.arg("check").arg("--config").arg(&path);
         for (key, _) in std::env::vars_os() {
@@ -205,17 +230,82 @@ pub fn check_configs(
             }
         }
         let result = run_quiet(&mut command);
-        let _ = std::fs::remove_file(&path);
-        if let Err(e) = result {
-            return Err(format!(
-                "the build against ({}) refuses the configuration this benchmark writes for {row} \
-                 (a key it does not know?): {}",
-                against.label,
-                e.trim()
-            ));
-        }
+        let error = match result {
+            Ok(_) => {
+                let _ = std::fs::remove_file(&path);
+                return Ok((toml, dropped));
+            }
+            Err(e) => e,
+        };
+        let Some(key) = unknown_key(&error).filter(|k| !dropped.contains(k)) else {
+            let _ = std::fs::remove_file(&path);
+            return Err(error.trim().to_owned());
+        };
+        toml = without(&toml, &key);
+        dropped.push(key);
     }
-    Ok(())
+    let _ = std::fs::remove_file(&path);
+    Err("too many keys it does not know".to_owned())
+}
+
+/// The key a `check` error names as unknown: `journal: unknown key ...`
+/// (`table.key` inside a table), or serde's ``unknown field `journal` ``
+/// (a top-level table or key).
+fn unknown_key(error: &str) -> Option<String> {
+    if let Some(at) = error.find(": unknown key") {
+        let before = &error[..at];
+        let start = before
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
+            .map_or(0, |i| i + 1);
+        let key = &before[start..];
+        return (!key.is_empty()).then(|| key.to_owned());
+    }
+    let at = error.find("unknown field `")? + "unknown field `".len();
+    let len = error[at..].find('`')?;
+    Some(error[at..at + len].to_owned())
+}
+
+/// `toml` without `key`: a top-level table `[key]` (and its subtables
+/// `[key.x]`), a top-level `key = ...`, or `key = ...` inside the table a
+/// dotted `table.key` names.
+fn without(toml: &str, key: &str) -> String {
+    let (table, leaf) = match key.rsplit_once('.') {
+        Some((table, leaf)) => (Some(table), leaf),
+        None => (None, key),
+    };
+    let mut out = String::with_capacity(toml.len());
+    let mut current: Option<String> = None;
+    let mut skipping = false;
+    for line in toml.lines() {
+        let trimmed = line.trim();
+        if let Some(name) = trimmed
+            .strip_prefix("[[")
+            .and_then(|r| r.strip_suffix("]]"))
+            .or_else(|| trimmed.strip_prefix('[').and_then(|r| r.strip_suffix(']')))
+        {
+            let name = name.trim().to_owned();
+            skipping = table.is_none() && (name == leaf || name.starts_with(&format!("{leaf}.")));
+            current = Some(name);
+            if skipping {
+                continue;
+            }
+        } else if skipping {
+            continue;
+        } else {
+            let assigns = |k: &str| {
+                trimmed
+                    .strip_prefix(k)
+                    .is_some_and(|rest| rest.trim_start().starts_with('='))
+            };
+            let here = current.as_deref() == table;
+            if here && assigns(leaf) {
+                continue;
+            }
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
 }
 
 /// `git args...` in `repo`; its output, trimmed.

@@ -182,6 +182,7 @@ async fn bench(opts: Opts, run_prefix: String) -> Result<(), String> {
             None
         },
     });
+    let mut left_out = Vec::new();
     if let Some(against) = &ctx.against {
         let p = format!("{run_prefix}-check");
         let configs: Vec<(&str, String)> = rows
@@ -189,9 +190,16 @@ async fn bench(opts: Opts, run_prefix: String) -> Result<(), String> {
             .filter(|r| r.is_forwarder())
             .map(|&r| (r.label(), rows::forwarder_toml(&ctx, &p, r)))
             .collect();
-        against::check_configs(against, &p, &configs)?;
+        left_out = against::check_configs(against, &p, &configs)?;
     }
     println!("{}", header(&opts, &ctx, shovel_note).await);
+    if !left_out.is_empty() {
+        println!(
+            "- against: its configuration leaves out what it does not know (it runs as it \
+             shipped, without them): {}\n",
+            left_out.join(", ")
+        );
+    }
 
     let result = if opts.instructions {
         instructions::run(&opts, &ctx, &run_prefix, &rows).await

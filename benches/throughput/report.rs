@@ -134,8 +134,16 @@ pub fn throughput(all: &[Outcome], rows: &[Row], size: usize, backlog: u64) -> S
 
 /// What the journal and span export cost F2, against the goals:
 /// a ratio of rates, `numerator / denominator`, at least the goal if any.
-const COSTS: [(Row, Row, Option<f64>, &str); 3] = [
+const COSTS: [(Row, Row, Option<f64>, &str); 6] = [
     (Row::F2, Row::F2N, Some(0.95), "the journal (on / off)"),
+    (Row::F2, Row::F2C, None, "control (on / off)"),
+    (
+        Row::F2,
+        Row::F2X,
+        Some(0.97),
+        "journal and control (the defaults / both off)",
+    ),
+    (Row::F2N, Row::F2X, None, "control, the journal off in both"),
     (
         Row::F2T,
         Row::F2,
@@ -301,6 +309,14 @@ fn ratios(all: &[Outcome], size: usize, backlog: u64) -> String {
     line(
         "broker µs/copy F2 − F2N (the journal's stream writes in the broker; a difference)",
         per_round(Row::F2, Row::F2N, &broker, &broker, |x, y| x - y),
+    );
+    line(
+        "F2 / F2X, msgs/s (journal and control on / both off)",
+        ratio(Row::F2, Row::F2X, &msgs, &msgs),
+    );
+    line(
+        "forwarder µs/copy F2 / F2X (journal and control on / both off; goal ≤ 1.10)",
+        ratio(Row::F2, Row::F2X, &forwarder, &forwarder),
     );
     line(
         "forwarder µs/copy F2T − F2 (span export's work in the forwarder; a difference)",

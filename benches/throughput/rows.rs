@@ -53,6 +53,12 @@ pub enum Row {
     /// F2 with the journal off (`[journal] enabled = false`): what the
     /// journal costs.
     F2N,
+    /// F2 with control off (`[control] enabled = false`): what following
+    /// the group costs.
+    F2C,
+    /// F2 with the journal and control off: the forwarder without either,
+    /// as before them.
+    F2X,
     /// F2 exporting spans over OTLP/HTTP at full sampling to a receiver in
     /// the benchmark's process: what export costs.
     F2T,
@@ -71,7 +77,7 @@ impl Row {
         Row::F2T,
     ];
     /// Every row, in the order of the table.
-    pub const ALL: [Row; 9] = [
+    pub const ALL: [Row; 11] = [
         Row::S,
         Row::B1,
         Row::B1H,
@@ -79,6 +85,8 @@ impl Row {
         Row::S2,
         Row::TwoS,
         Row::F2N,
+        Row::F2C,
+        Row::F2X,
         Row::F2,
         Row::F2T,
     ];
@@ -93,6 +101,8 @@ impl Row {
             Row::TwoS => "2S",
             Row::F2 => "F2",
             Row::F2N => "F2N",
+            Row::F2C => "F2C",
+            Row::F2X => "F2X",
             Row::F2T => "F2T",
         }
     }
@@ -107,6 +117,8 @@ impl Row {
             Row::TwoS => "2 Shovels side by side",
             Row::F2 => "switchyard, seed: 2 branches + backups",
             Row::F2N => "F2, journal off",
+            Row::F2C => "F2, control off",
+            Row::F2X => "F2, journal and control off",
             Row::F2T => "F2 + OTLP span export, all sampled",
         }
     }
@@ -115,7 +127,7 @@ impl Row {
     pub fn copies_per_msg(self) -> u64 {
         match self {
             Row::S | Row::B1 | Row::B1H | Row::F1 | Row::TwoS => 1,
-            Row::S2 | Row::F2 | Row::F2N | Row::F2T => 2,
+            Row::S2 | Row::F2 | Row::F2N | Row::F2C | Row::F2X | Row::F2T => 2,
         }
     }
 
@@ -138,7 +150,7 @@ impl FromStr for Row {
             .into_iter()
             .find(|r| r.label().eq_ignore_ascii_case(s.trim()))
             .ok_or_else(|| {
-                format!("unknown row {s:?} (rows: S, B1, B1H, F1, S2, 2S, F2N, F2, F2T)")
+                format!("unknown row {s:?} (rows: S, B1, B1H, F1, S2, 2S, F2N, F2C, F2X, F2, F2T)")
             })
     }
 }
@@ -309,7 +321,7 @@ impl Topology {
                 exchanges: vec![q("dlx")],
                 ..Self::default()
             },
-            Row::F2 | Row::F2N | Row::F2T => Self {
+            Row::F2 | Row::F2N | Row::F2C | Row::F2X | Row::F2T => Self {
                 queues: vec![
                     q("in"),
                     q("dlq"),
@@ -412,8 +424,8 @@ async fn declare_forwarder_inbound(ctx: &Ctx, broker: &TestBroker, p: &str) {
 /// `[journal]` is the shipped default (on) but for its stream, `<p>.journal`,
 /// removed with the run's queues; F2N turns it off, F2T adds
 /// `[telemetry.otlp]` at its default `sample_ratio` (1.0) to the run's
-/// receiver. `[control]` follows the stream `<p>.control`, but under
-/// `--against` (the shipped default, `switchyard.control`).
+/// receiver. `[control]` follows the stream `<p>.control`; F2C turns it
+/// off, F2X both.
 pub fn forwarder_toml(ctx: &Ctx, p: &str, row: Row) -> String {
     let forwarder = Forwarder::at(&ctx.target.url, p)
         .mode("nack")
@@ -422,6 +434,11 @@ pub fn forwarder_toml(ctx: &Ctx, p: &str, row: Row) -> String {
     let forwarder = match row {
         Row::F1 => forwarder.match_all(p),
         Row::F2N => forwarder.seed(p).journal("enabled", false),
+        Row::F2C => forwarder.seed(p).control("enabled", false),
+        Row::F2X => forwarder
+            .seed(p)
+            .journal("enabled", false)
+            .control("enabled", false),
         Row::F2T => match &ctx.otlp {
             Some(receiver) => forwarder.seed(p).otlp(&receiver.endpoint()),
             None => panic!("F2T runs without an OTLP receiver"),
@@ -433,12 +450,8 @@ pub fn forwarder_toml(ctx: &Ctx, p: &str, row: Row) -> String {
     } else {
         forwarder
     };
-    // A build from before `[control]` refuses the table: both builds then
-    // run on the same file, this one following the default stream.
-    let forwarder = match ctx.against {
-        Some(_) => forwarder.default_control(),
-        None => forwarder,
-    };
+    // A build from before a table (`[journal]`, `[control]`) runs without
+    // it: `against::fit` leaves out what it does not know.
     forwarder.toml()
 }
 
@@ -662,6 +675,8 @@ fn spawn_against(
     env: &[(&str, &str)],
 ) -> Process {
     let config = against_config(p);
+    let (toml, _) = crate::against::fit(against, p, toml)
+        .unwrap_or_else(|e| panic!("the build against refuses the configuration: {e}"));
     std::fs::write(&config, toml).unwrap_or_else(|e| panic!("write {}: {e}", config.display()));
     let config = config.display().to_string();
     let mut env_with_log = vec![("RUST_LOG", "info")];
